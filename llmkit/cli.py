@@ -18,6 +18,7 @@ import sys
 COMMANDS = [
     "models",
     "chat",
+    "train",
 ]
 
 

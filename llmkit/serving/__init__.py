@@ -1,0 +1,1 @@
+"""Serving: the OpenAI-compatible server, KV caches, guards and the LDP cache."""

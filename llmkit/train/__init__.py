@@ -1,0 +1,11 @@
+"""Training methods, one subpackage each (``llmkit/train/<method>/``).
+
+Each method exposes ``llmkit.train.<method>.recipe`` with ``CONFIG_CLASSES``
+(a tuple of dataclasses, TRL config subclasses where a TRL trainer is
+wrapped) and ``main(*configs)``. ``llmkit train <method>`` parses YAML plus
+``--key value`` overrides into those dataclasses with TRL's ``TrlParser``.
+"""
+
+# method name -> module exposing CONFIG_CLASSES and main()
+METHODS: dict[str, str] = {
+}
