@@ -1,0 +1,69 @@
+"""AEO: a hidden-state guard against instruction injection.
+
+Paper: "Asymmetric Entropic Optimization" (../shared/seeds/000_99acb659bb8537c9.txt,
+NeurIPS 2026 abstract). Observation ("Asymmetric Logic"): when a model complies
+with its system prompt, the hidden states of its responses concentrate in a
+low-variability region; when an injection wins, they scatter in diverse
+directions. An entropic divergence between the compliant manifold and a
+response's latent trajectory (the "chaos score") detects violations and gates
+a lightweight post-hoc correction, with no finetuning.
+
+Algorithm here
+--------------
+1. Capture (:mod:`capture`): a teacher-forced forward pass over prompt + response
+   with ``output_hidden_states``; keep the states of the response tokens at a few
+   layers (default: 4 evenly spaced blocks over the second half, the last included).
+2. Fit (:mod:`manifold`, :meth:`Guard.fit`): per layer, a probabilistic-PCA Gaussian
+   over the token states of compliant responses (mean, top-k principal directions
+   and their variances, one isotropic variance off the subspace). A held-out part
+   of the compliant data calibrates each layer's score (median, MAD) and sets the
+   threshold at a target false-positive rate.
+3. Score (:mod:`score`): per layer, the cross-entropy of the response trajectory's
+   empirical distribution against the compliant Gaussian,
+   ``c_l = mean_t (h_t - mu_l)^T Sigma_l^{-1} (h_t - mu_l) / d`` (= drift of the
+   trajectory's mean + its scatter ``tr(Sigma^{-1} S)``, per dimension); then
+   ``chaos = mean_l (c_l - median_l) / (1.4826 MAD_l)`` and ``flagged = chaos > threshold``.
+4. Correct (:mod:`correct`): regenerate with the system instruction re-asserted after
+   the last user turn; optionally (transformers engine) pull the guard layers' states
+   a fraction ``alpha`` toward the compliant mean during the regeneration.
+
+Deviations from the paper (only the abstract is available)
+----------------------------------------------------------
+- The exact divergence is not given. We use the cross-entropy H(p_traj, q_compliant)
+  instead of a KL: a trajectory of T < d tokens has a singular covariance, so its own
+  entropy (which KL would subtract) is undefined; keeping it out is also what makes
+  the score asymmetric: scatter only ever raises it.
+- The compliant manifold is a low-rank-plus-isotropic Gaussian, not a learned model.
+- The correction is a re-assertion of the system prompt (plus optional mean-pull
+  steering), not the paper's module, whose details the abstract does not give.
+- Hidden states come from a teacher-forced pass after generation (for both engines),
+  not from the generation pass itself: one prefill-sized forward, and the same code
+  path for every engine.
+
+Contract with the server (``llmkit serve --guard DIR --guard-action annotate|block|correct``)
+----------------------------------------------------------------------------------------------
+``from llmkit.serving.guard import Guard``
+
+- ``Guard.load(DIR, model_name=...)`` -> Guard. Raises ``ValueError`` naming both models
+  when the guard was fitted on other weights (an alias and its cached folder count as
+  the same); ``FileNotFoundError`` when DIR is not a guard folder.
+- ``guard.check(engine, messages, response_text) -> dict`` with ``score`` (float),
+  ``flagged`` (bool), ``threshold`` (float), ``layer_scores`` ({layer: z}),
+  ``n_tokens`` (int). ``messages`` is the prompt (OpenAI chat format, without the
+  response). ``check_batch(engine, list_of_messages, responses)`` does many at once.
+- ``guard.correct(engine, messages, params: GenerationParams) -> str``: the corrected
+  response text (same decoding parameters).
+- ``engine`` is an ``llmkit.engines`` engine. For ``hf`` the hidden states come from
+  ``engine.model``; for ``vllm`` a transformers copy of ``engine.model_name`` is loaded
+  once (``llmkit.models.load``) and cached for the teacher-forced pass.
+
+Files: ``DIR/guard.safetensors`` (per layer ``layer{l}.mean|components|variances|noise``
+and ``calibration.center|scale``) and ``DIR/guard.json`` (model name, layer ids,
+hidden size, threshold, target FPR, counts).
+"""
+
+from llmkit.serving.guard.capture import Capture, capture, default_layers, split_conversation
+from llmkit.serving.guard.guard import Guard, same_model
+from llmkit.serving.guard.manifold import Manifold
+
+__all__ = ["Capture", "Guard", "Manifold", "capture", "default_layers", "same_model", "split_conversation"]

@@ -1,0 +1,221 @@
+"""The :class:`Guard`: fit on compliant responses, save/load, check and correct responses."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from llmkit.serving.guard import score as S
+from llmkit.serving.guard.capture import Capture, capture, default_layers
+from llmkit.serving.guard.manifold import Manifold
+
+FORMAT_VERSION = 1
+META_FILE = "guard.json"
+TENSORS_FILE = "guard.safetensors"
+
+# one transformers copy per model name for engines that do not expose their weights (vLLM)
+_TF_MODELS: dict[str, tuple] = {}
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two model names denote the same weights (an alias and its cached folder match)."""
+    if a == b:
+        return True
+    from llmkit.models import resolve
+
+    try:
+        ra, rb = Path(resolve(a)), Path(resolve(b))
+    except Exception:
+        return False
+    if ra.exists() and rb.exists():
+        return ra.resolve() == rb.resolve()
+    return str(ra) == str(rb)
+
+
+def engine_model(engine):
+    """(model, tokenizer) of transformers weights equal to the engine's, for the teacher-forced pass."""
+    model = getattr(engine, "model", None)
+    if isinstance(model, torch.nn.Module):
+        return model, engine.tokenizer
+    name = engine.model_name
+    if name not in _TF_MODELS:
+        from llmkit.models import load
+
+        _TF_MODELS[name] = load(name)
+    return _TF_MODELS[name]
+
+
+class Guard:
+    """A fitted AEO guard. See the package docstring for the contract and the score."""
+
+    def __init__(self, manifolds: dict[int, Manifold], center: torch.Tensor, scale: torch.Tensor,
+                 threshold: float, meta: dict):
+        self.manifolds = manifolds
+        self.center = center.double()
+        self.scale = scale.double()
+        self.threshold = float(threshold)
+        self.meta = meta
+
+    # ---- properties -------------------------------------------------------------------------
+    @property
+    def layers(self) -> list[int]:
+        return list(self.manifolds)
+
+    @property
+    def model_name(self) -> str:
+        return self.meta["model_name"]
+
+    @property
+    def max_response_tokens(self) -> int:
+        return int(self.meta.get("max_response_tokens", 256))
+
+    # ---- fitting ----------------------------------------------------------------------------
+    @classmethod
+    def fit(cls, model, tokenizer, conversations: list[list[dict]], *, model_name: str,
+            layers: list[int] | None = None, n_components: int = 32, target_fpr: float = 0.05,
+            holdout: float = 0.3, seed: int = 0, batch_size: int = 8, max_response_tokens: int = 256,
+            progress: bool = False) -> Guard:
+        """Fit on compliant conversations (each ending with the assistant's compliant response).
+
+        A random ``holdout`` fraction is kept out of the manifold fit and used for the
+        score's calibration and the threshold at ``target_fpr``.
+        """
+        if layers is None:
+            layers = default_layers(model.config.num_hidden_layers)
+        caps = capture(model, tokenizer, conversations, layers, batch_size=batch_size,
+                       max_response_tokens=max_response_tokens, progress=progress)
+        order = list(range(len(caps)))
+        random.Random(seed).shuffle(order)
+        n_hold = int(round(holdout * len(order)))
+        if n_hold < 2 or len(order) - n_hold < 2:
+            raise ValueError(f"need at least 2 fit and 2 held-out examples; got {len(order)} examples "
+                             f"with holdout={holdout}")
+        held, fit = [caps[i] for i in order[:n_hold]], [caps[i] for i in order[n_hold:]]
+        return cls.fit_captures(fit, held, model_name=model_name, hidden_size=model.config.hidden_size,
+                                num_layers=model.config.num_hidden_layers, n_components=n_components,
+                                target_fpr=target_fpr, max_response_tokens=max_response_tokens)
+
+    @classmethod
+    def fit_captures(cls, fit: list[Capture], held: list[Capture], *, model_name: str, hidden_size: int,
+                     num_layers: int, n_components: int = 32, target_fpr: float = 0.05,
+                     max_response_tokens: int = 256) -> Guard:
+        """Fit from captures already taken (the benchmark reuses one capture for every method)."""
+        if not fit or not held:
+            raise ValueError("need compliant captures both to fit and to hold out")
+        layers = list(fit[0].states)
+        manifolds = {l: Manifold.fit(torch.cat([c.states[l] for c in fit]), n_components) for l in layers}
+        raw = S.layer_scores(held, manifolds)
+        center, scale = S.robust_scale(raw)
+        scores = S.chaos(raw, center, scale)
+        threshold = S.threshold_at_fpr(scores, target_fpr)
+        meta = {
+            "format_version": FORMAT_VERSION, "method": "AEO chaos score (PPCA cross-entropy)",
+            "model_name": model_name, "hidden_size": int(hidden_size), "num_layers": int(num_layers),
+            "layers": layers, "n_components": int(n_components), "target_fpr": float(target_fpr),
+            "threshold": threshold, "n_fit": len(fit), "n_holdout": len(held),
+            "n_fit_tokens": int(sum(c.states[layers[0]].shape[0] for c in fit)),
+            "max_response_tokens": int(max_response_tokens),
+            "holdout_fpr": float((scores > threshold).double().mean()),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        return cls(manifolds, center, scale, threshold, meta)
+
+    # ---- persistence ------------------------------------------------------------------------
+    def save(self, directory) -> Path:
+        from safetensors.torch import save_file
+
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        tensors = {"calibration.center": self.center.float(), "calibration.scale": self.scale.float()}
+        for l, m in self.manifolds.items():
+            tensors.update(m.tensors(f"layer{l}"))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(d / TENSORS_FILE))
+        meta = {**self.meta, "threshold": self.threshold}
+        (d / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        return d
+
+    @classmethod
+    def load(cls, directory, model_name: str | None = None) -> Guard:
+        """Load a saved guard; with ``model_name``, refuse one fitted on other weights."""
+        from safetensors.torch import load_file
+
+        d = Path(directory)
+        if not (d / META_FILE).is_file() or not (d / TENSORS_FILE).is_file():
+            raise FileNotFoundError(f"{d} is not a guard folder (expected {META_FILE} and {TENSORS_FILE}; "
+                                    "make one with `llmkit guard fit`)")
+        try:
+            meta = json.loads((d / META_FILE).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{d / META_FILE}: not valid JSON ({e})") from None
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{d / META_FILE}: guard format {meta.get('format_version')} is not "
+                             f"supported (expected {FORMAT_VERSION})")
+        if model_name is not None and not same_model(meta["model_name"], model_name):
+            raise ValueError(f"the guard in {d} was fitted on model '{meta['model_name']}', not on "
+                             f"'{model_name}'; fit one for this model with "
+                             f"`llmkit guard fit --model {model_name} ...`")
+        t = load_file(str(d / TENSORS_FILE))
+        manifolds = {int(l): Manifold.from_tensors(t, f"layer{int(l)}") for l in meta["layers"]}
+        return cls(manifolds, t["calibration.center"], t["calibration.scale"], meta["threshold"], meta)
+
+    # ---- scoring ----------------------------------------------------------------------------
+    def _check_model(self, model) -> None:
+        cfg = model.config
+        if cfg.hidden_size != self.meta["hidden_size"] or cfg.num_hidden_layers != self.meta["num_layers"]:
+            raise ValueError(
+                f"the guard was fitted on '{self.model_name}' ({self.meta['num_layers']} layers, hidden size "
+                f"{self.meta['hidden_size']}); this model has {cfg.num_hidden_layers} layers, hidden size "
+                f"{cfg.hidden_size}")
+
+    def capture(self, model, tokenizer, conversations, **kw) -> list[Capture]:
+        self._check_model(model)
+        kw.setdefault("max_response_tokens", self.max_response_tokens)
+        return capture(model, tokenizer, conversations, self.layers, **kw)
+
+    def layer_z(self, caps: list[Capture]) -> torch.Tensor:
+        """Standardised per-layer scores (n, L)."""
+        return (S.layer_scores(caps, self.manifolds) - self.center) / self.scale
+
+    def score_captures(self, caps: list[Capture]) -> torch.Tensor:
+        return self.layer_z(caps).mean(1)
+
+    def score(self, model, tokenizer, conversations, **kw) -> list[float]:
+        return self.score_captures(self.capture(model, tokenizer, conversations, **kw)).tolist()
+
+    def _result(self, z_row: torch.Tensor, n_tokens: int) -> dict:
+        s = float(z_row.mean())
+        return {"score": s, "flagged": s > self.threshold, "threshold": self.threshold,
+                "layer_scores": {str(l): float(v) for l, v in zip(self.layers, z_row)}, "n_tokens": n_tokens}
+
+    def check_batch(self, engine, prompts_messages: list[list[dict]], responses: list[str],
+                    batch_size: int = 8) -> list[dict]:
+        model, tok = engine_model(engine)
+        convs = [[*m, {"role": "assistant", "content": r}] for m, r in zip(prompts_messages, responses)]
+        caps = self.capture(model, tok, convs, batch_size=batch_size)
+        z = self.layer_z(caps)
+        return [self._result(z[i], caps[i].n_tokens) for i in range(len(caps))]
+
+    def check(self, engine, messages: list[dict], response_text: str) -> dict:
+        """Score one response to ``messages`` (the prompt, without the response)."""
+        return self.check_batch(engine, [messages], [response_text])[0]
+
+    # ---- correction -------------------------------------------------------------------------
+    def correct(self, engine, messages: list[dict], params, steer_alpha: float = 0.0) -> str:
+        """A new response to ``messages`` with the system instruction re-asserted (see :mod:`correct`)."""
+        return self.correct_batch(engine, [messages], params, steer_alpha=steer_alpha)[0]
+
+    def correct_batch(self, engine, prompts_messages: list[list[dict]], params,
+                      steer_alpha: float = 0.0) -> list[str]:
+        from llmkit.serving.guard.correct import reasserted, steering
+
+        prompts = [engine.chat_prompt(reasserted(m, engine.tokenizer)) for m in prompts_messages]
+        model = getattr(engine, "model", None)
+        ctx = steering(model, self.manifolds, steer_alpha) if isinstance(model, torch.nn.Module) else None
+        if ctx is None:
+            return [c[0].text for c in engine.generate(prompts, params)]
+        with ctx:
+            return [c[0].text for c in engine.generate(prompts, params)]
