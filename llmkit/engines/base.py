@@ -22,5 +22,9 @@ class Engine(ABC):
 
         return chat_prompt(self.tokenizer, messages)
 
+    def start_streaming(self, **kwargs):
+        """A started ``llmkit.engines.stream.StreamLoop`` serving this engine's model (for the server)."""
+        raise NotImplementedError(f"the {self.name} engine has no streaming submission")
+
     def close(self) -> None:  # engines holding processes or memory release them here
         pass

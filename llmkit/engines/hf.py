@@ -47,3 +47,9 @@ class HFEngine(Engine):
             bar.update(len(chunk))
         bar.close()
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def start_streaming(self, max_batch_size: int = 32, **kwargs):
+        """Background batcher: concurrent requests share batches; text streams per step."""
+        from llmkit.engines.hf_batcher import HFBatcher
+
+        return HFBatcher(self, max_batch_size=max_batch_size, **kwargs).start()

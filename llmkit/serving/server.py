@@ -1,0 +1,443 @@
+"""The OpenAI-compatible HTTP server over a streaming engine.
+
+``build_app(engine, ServerConfig(...))`` returns a FastAPI app serving
+``/v1/chat/completions``, ``/v1/completions`` (``n``, ``temperature``,
+``top_p``, ``max_tokens``, ``stop``, ``seed``, ``stream``), ``/v1/models``,
+``/health`` and ``/metrics``. The app starts the engine's background loop
+(``engine.start_streaming``) on startup and stops it on shutdown, after
+uvicorn has let in-flight requests finish.
+
+Every request is validated, tokenized and checked against the limits before
+it takes a concurrency slot; a request that would exceed ``max_concurrency``
+gets 429 at once rather than waiting unboundedly. Each choice is one engine
+sequence; their events arrive on the engine thread and are handed to the
+event loop. A client that leaves (mid-stream or while waiting) has its
+sequences cancelled and its slot freed.
+
+Guard hook (``ServerConfig.guard``): after each choice is complete,
+``guard.check(engine, messages, text)`` scores it; ``annotate`` adds the
+verdict to the choice, ``block`` replaces a flagged answer with a refusal
+(finish_reason ``content_filter``), ``correct`` replaces it with
+``guard.correct(engine, messages, params)``. With block/correct a streamed
+answer is held back until it has been checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from llmkit.engines.stream import StreamRequest
+from llmkit.generation import GenerationParams
+from llmkit.serving.metrics import Metrics, MetricsMiddleware
+from llmkit.serving.protocol import (APIError, ChatRequest, CompletionRequest, error_body, new_id, now, parse,
+                                     usage)
+
+GUARD_ACTIONS = ("annotate", "block", "correct")
+REFUSAL = "I can't help with that request."
+
+
+@dataclass
+class ServerConfig:
+    model_name: str
+    api_key: str | None = None
+    max_concurrency: int = 64  # generation requests in flight; more get 429
+    max_model_len: int = 2048  # prompt + max_tokens, in tokens
+    max_batch_size: int = 32  # sequences per engine batch (transformers engine)
+    max_body_bytes: int = 4 << 20
+    guard: object | None = None
+    guard_action: str = "annotate"
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _Server:
+    def __init__(self, engine, cfg: ServerConfig):
+        if cfg.guard_action not in GUARD_ACTIONS:
+            raise ValueError(f"guard action must be one of {', '.join(GUARD_ACTIONS)}")
+        self.engine, self.cfg = engine, cfg
+        self.metrics = Metrics()
+        self.streamer = None
+        self.active = 0
+        self.shutting_down = False
+        self.vocab_size = len(engine.tokenizer)
+
+    # lifecycle ---------------------------------------------------------
+    @asynccontextmanager
+    async def lifespan(self, app):
+        kw = {"max_batch_size": self.cfg.max_batch_size} if self.engine.name == "hf" else {}
+        self.streamer = self.engine.start_streaming(**kw)
+        self.metrics.bind_engine(self.streamer)
+        try:
+            yield
+        finally:
+            self.shutting_down = True
+            await asyncio.to_thread(self.streamer.stop)
+
+    # request checks ----------------------------------------------------
+    def auth(self, request: Request):
+        if not self.cfg.api_key:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.cfg.api_key.encode()):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+
+    async def body(self, request: Request):
+        raw = await request.body()
+        if len(raw) > self.cfg.max_body_bytes:
+            raise APIError(413, f"request body larger than {self.cfg.max_body_bytes} bytes")
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise APIError(400, f"the request body is not valid JSON: {e}") from None
+
+    def encode(self, text: str) -> list[int]:
+        return self.engine.tokenizer.encode(text, add_special_tokens=False)
+
+    def plan(self, req, prompt_ids: list[list[int]]) -> list[GenerationParams]:
+        """Check lengths and build one GenerationParams per choice (prompt-major order)."""
+        limit = self.cfg.max_model_len
+        asked = req.requested_max_tokens()
+        out = []
+        for ids in prompt_ids:
+            if not ids:
+                raise APIError(400, "the prompt is empty after tokenization", param="prompt")
+            room = limit - len(ids)
+            if room <= 0:
+                raise APIError(400, f"the prompt has {len(ids)} tokens; this server's maximum context length "
+                               f"is {limit} tokens (prompt + max_tokens)", param="messages",
+                               code="context_length_exceeded")
+            if asked is not None and asked > room:
+                raise APIError(400, f"max_tokens={asked} is too large: the prompt has {len(ids)} tokens and the "
+                               f"maximum context length is {limit}, so at most {room} can be generated",
+                               param="max_tokens", code="context_length_exceeded")
+            for j in range(req.n):
+                seed = None if req.seed is None else req.seed + j
+                out.append(GenerationParams(max_new_tokens=asked or room, temperature=req.temperature,
+                                            top_p=req.top_p, stop=req.stop_list(), seed=seed))
+        return out
+
+    def acquire(self):
+        if self.shutting_down:
+            raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+        if self.active >= self.cfg.max_concurrency:
+            raise APIError(429, f"too many concurrent requests (limit {self.cfg.max_concurrency}); retry later",
+                           type="rate_limit_exceeded", code="too_many_requests")
+        self.active += 1
+        self.metrics.active.set(self.active)
+
+    def release(self):
+        self.active -= 1
+        self.metrics.active.set(self.active)
+
+    # generation ----------------------------------------------------------
+    def launch(self, prompt_ids, params_list, n):
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        reqs = []
+        for k, params in enumerate(params_list):
+            def on_event(ev, k=k):
+                try:
+                    loop.call_soon_threadsafe(q.put_nowait, (k, ev))
+                except RuntimeError:  # event loop already closed: nobody is listening
+                    pass
+            reqs.append(StreamRequest(prompt_ids[k // n], params, on_event))
+        for r in reqs:
+            self.streamer.submit(r)
+        return q, reqs
+
+    async def guard_verdict(self, messages, text, params):
+        """(text, finish_override, annotation) after the guard looked at one finished choice."""
+        guard, action = self.cfg.guard, self.cfg.guard_action
+        res = await asyncio.to_thread(guard.check, self.engine, messages, text)
+        flagged, score = bool(res["flagged"]), float(res["score"])
+        finish = None
+        if flagged:
+            self.metrics.guard_flagged.labels(action).inc()
+            if action == "block":
+                text, finish = REFUSAL, "content_filter"
+            elif action == "correct":
+                text = await asyncio.to_thread(guard.correct, self.engine, messages, params)
+        return text, finish, {"score": score, "flagged": flagged, "action": action if flagged else "none"}
+
+    def _record_done(self, prompt_ids, counts):
+        self.metrics.prompt_tokens.inc(sum(len(p) for p in prompt_ids))
+        self.metrics.completion_tokens.inc(sum(counts))
+
+    async def complete(self, request, chat, req, prompt_ids, params_list, messages_list):
+        q, reqs = self.launch(prompt_ids, params_list, req.n)
+        k = len(reqs)
+        texts, counts, finish = [""] * k, [0] * k, [None] * k
+        t0, first = time.perf_counter(), True
+        try:
+            pending = k
+            while pending:
+                try:
+                    i, ev = await asyncio.wait_for(q.get(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        raise _ClientGone() from None
+                    continue
+                if ev.error:
+                    raise APIError(503 if self.shutting_down else 500, f"generation failed: {ev.error}",
+                                   type="server_error")
+                if first and ev.text:
+                    self.metrics.ttft.observe(time.perf_counter() - t0)
+                    first = False
+                texts[i] += ev.text
+                counts[i] = ev.n_tokens
+                if ev.finish_reason:
+                    finish[i] = ev.finish_reason
+                    pending -= 1
+        finally:
+            for r in reqs:
+                self.streamer.cancel(r)  # no-op for finished ones
+        self._record_done(prompt_ids, counts)
+        choices = []
+        for i in range(k):
+            choice = {"index": i, "finish_reason": finish[i], "logprobs": None}
+            text = texts[i]
+            if self.cfg.guard is not None:
+                text, override, verdict = await self.guard_verdict(messages_list[i // req.n], text, params_list[i])
+                choice["finish_reason"] = override or finish[i]
+                choice["guard"] = verdict
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            choices.append(choice)
+        return {
+            "id": new_id("chatcmpl" if chat else "cmpl"),
+            "object": "chat.completion" if chat else "text_completion",
+            "created": now(),
+            "model": self.cfg.model_name,
+            "choices": choices,
+            "usage": usage(sum(len(p) for p in prompt_ids), sum(counts)),
+        }
+
+    async def stream(self, chat, req, prompt_ids, params_list, messages_list, reqs_box):
+        q, reqs = self.launch(prompt_ids, params_list, req.n)
+        reqs_box.extend(reqs)
+        k = len(reqs)
+        rid, created = new_id("chatcmpl" if chat else "cmpl"), now()
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        hold = self.cfg.guard is not None and self.cfg.guard_action in ("block", "correct")
+        texts, counts = [""] * k, [0] * k
+
+        def chunk(i, text=None, finish=None, extra=None):
+            if chat:
+                delta = {} if text is None else {"content": text}
+                c = {"index": i, "delta": delta, "finish_reason": finish, "logprobs": None}
+            else:
+                c = {"index": i, "text": text or "", "finish_reason": finish, "logprobs": None}
+            if extra:
+                c.update(extra)
+            body = {"id": rid, "object": obj, "created": created, "model": self.cfg.model_name, "choices": [c]}
+            return f"data: {json.dumps(body)}\n\n"
+
+        if chat:
+            for i in range(k):
+                body = {"id": rid, "object": obj, "created": created, "model": self.cfg.model_name,
+                        "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                     "finish_reason": None, "logprobs": None}]}
+                yield f"data: {json.dumps(body)}\n\n"
+        t0, first, pending = time.perf_counter(), True, k
+        while pending:
+            i, ev = await q.get()
+            if ev.error:
+                err = error_body(f"generation failed: {ev.error}", "server_error")
+                yield f"data: {json.dumps(err)}\n\n"
+                return
+            counts[i] = ev.n_tokens
+            if ev.text:
+                if first:
+                    self.metrics.ttft.observe(time.perf_counter() - t0)
+                    first = False
+                texts[i] += ev.text
+                if not hold:
+                    yield chunk(i, ev.text)
+            if ev.finish_reason:
+                pending -= 1
+                finish, extra = ev.finish_reason, None
+                if self.cfg.guard is not None:
+                    text, override, verdict = await self.guard_verdict(messages_list[i // req.n], texts[i],
+                                                                       params_list[i])
+                    finish, extra = override or finish, {"guard": verdict}
+                    if hold and text:
+                        yield chunk(i, text)
+                yield chunk(i, None, finish, extra)
+        self._record_done(prompt_ids, counts)
+        if req.stream_options is not None and req.stream_options.include_usage:
+            body = {"id": rid, "object": obj, "created": created, "model": self.cfg.model_name, "choices": [],
+                    "usage": usage(sum(len(p) for p in prompt_ids), sum(counts))}
+            yield f"data: {json.dumps(body)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    # endpoint --------------------------------------------------------------
+    async def handle(self, request: Request, chat: bool):
+        try:
+            self.auth(request)
+            req = parse(ChatRequest if chat else CompletionRequest, await self.body(request))
+            if req.model is not None and req.model != self.cfg.model_name:
+                raise APIError(404, f"the model '{req.model}' does not exist; this server serves "
+                               f"'{self.cfg.model_name}'", param="model", code="model_not_found")
+            if chat:
+                messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+                try:
+                    prompt = self.engine.chat_prompt(messages)
+                except Exception as e:
+                    raise APIError(400, f"the chat template rejected these messages: {e}", param="messages")
+                prompt_ids, messages_list = [self.encode(prompt)], [messages]
+            else:
+                prompt_ids, messages_list = [], []
+                for p in req.prompts():
+                    if isinstance(p, str):
+                        prompt_ids.append(self.encode(p))
+                        messages_list.append([{"role": "user", "content": p}])
+                    else:
+                        if any(t < 0 or t >= self.vocab_size for t in p):
+                            raise APIError(400, f"prompt token ids must be in [0, {self.vocab_size})", param="prompt")
+                        prompt_ids.append(list(p))
+                        messages_list.append([{"role": "user", "content": self.engine.tokenizer.decode(p)}])
+            params_list = self.plan(req, prompt_ids)
+            self.acquire()
+        except APIError as e:
+            self.metrics.errors.labels(e.type).inc()
+            return e.response()
+
+        if req.stream:
+            reqs: list[StreamRequest] = []
+            released = threading.Event()
+
+            def cleanup():
+                for r in reqs:
+                    self.streamer.cancel(r)
+                if not released.is_set():
+                    released.set()
+                    self.release()
+
+            return _SSEResponse(self.stream(chat, req, prompt_ids, params_list, messages_list, reqs), cleanup)
+        try:
+            return JSONResponse(await self.complete(request, chat, req, prompt_ids, params_list, messages_list))
+        except APIError as e:
+            self.metrics.errors.labels(e.type).inc()
+            return e.response()
+        except _ClientGone:
+            self.metrics.errors.labels("client_disconnected").inc()
+            return Response(status_code=499)
+        finally:
+            self.release()
+
+
+class _SSEResponse(StreamingResponse):
+    """Server-sent events whose cleanup (cancel sequences, free the slot) runs however the stream ends."""
+
+    def __init__(self, gen, cleanup):
+        super().__init__(gen, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._gen, self._cleanup = gen, cleanup
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._cleanup()
+            await self._gen.aclose()
+
+
+def build_app(engine, cfg: ServerConfig) -> FastAPI:
+    server = _Server(engine, cfg)
+    app = FastAPI(title="llmkit", lifespan=server.lifespan, docs_url=None, redoc_url=None)
+    app.state.server = server
+    app.add_middleware(MetricsMiddleware, metrics=server.metrics)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc):
+        server.metrics.errors.labels("invalid_request_error").inc()
+        return JSONResponse(error_body(str(exc.detail), code=str(exc.status_code)), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request, exc):
+        server.metrics.errors.labels("server_error").inc()
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"), status_code=500)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await server.handle(request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await server.handle(request, chat=False)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        try:
+            server.auth(request)
+        except APIError as e:
+            server.metrics.errors.labels(e.type).inc()
+            return e.response()
+        return {"object": "list", "data": [{"id": cfg.model_name, "object": "model", "created": now(),
+                                            "owned_by": "llmkit", "max_model_len": cfg.max_model_len}]}
+
+    @app.get("/health")
+    async def health():
+        ok = server.streamer is not None and not server.shutting_down
+        return JSONResponse({"status": "ok" if ok else "unavailable", "model": cfg.model_name,
+                             "engine": engine.name}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+class BackgroundServer:
+    """Run an app with uvicorn in a thread on loopback (tests, benchmarks): ``with BackgroundServer(app) as s: s.url``."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
+        import socket
+
+        import uvicorn
+
+        if port == 0:
+            with socket.socket() as sock:
+                sock.bind((host, 0))
+                port = sock.getsockname()[1]
+        self.host, self.port = host, port
+        self.url = f"http://{host}:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                                    timeout_graceful_shutdown=30, backlog=4096))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started:
+            if not self.thread.is_alive() or time.time() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(60)
+
+
+def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+    """Serve until SIGINT/SIGTERM; uvicorn then stops accepting and lets in-flight requests finish."""
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30, backlog=4096)
