@@ -1,0 +1,31 @@
+"""LDPCache: a local-differential-privacy cache for multi-query LLM use (client side).
+
+Paper: LDPCache (../shared/seeds/004_ead6308da16bc4ed.txt). An edge user's queries
+go to a cloud LLM only as LDP-perturbed text; a cache of past responses, consulted
+by a scheduler whose hit/miss decision is itself LDP, saves budget on semantically
+correlated consecutive queries. Parts:
+
+- :mod:`.mechanism`   token-level exponential mechanism (pure eps-LDP), randomized response
+- :mod:`.scheduler`   the randomized hit/miss decision with an expected-accuracy-gain estimate;
+                      a GPTCache-style threshold baseline
+- :mod:`.accountant`  per-user budget, sequential composition, crash-safe SQLite ledger
+- :mod:`.store`       the cache (SQLite WAL), capacity limit
+- :mod:`.eviction`    multi-factor (diversity, accuracy, recency) and LRU eviction
+- :mod:`.embedder`    offline all-MiniLM-L6-v2 embeddings; a hashed stand-in for tests
+- :mod:`.client`      ``LDPCache.ask(query) -> Answer``; ``PerQueryLDP`` (no-cache baseline)
+- :mod:`.proxy`       an OpenAI-compatible proxy app (``llmkit ldp-proxy``)
+"""
+
+from .accountant import BudgetExceeded, PrivacyLedger
+from .client import Answer, LDPCache, PerQueryLDP
+from .eviction import LRUPolicy, MultiFactorPolicy, make_policy
+from .mechanism import ExponentialTokenMechanism, RandomizedResponse
+from .scheduler import LDPScheduler, ThresholdScheduler
+from .store import CacheStore
+from .upstream import OpenAIUpstream, UpstreamError
+
+__all__ = [
+    "Answer", "BudgetExceeded", "CacheStore", "ExponentialTokenMechanism", "LDPCache", "LDPScheduler",
+    "LRUPolicy", "MultiFactorPolicy", "OpenAIUpstream", "PerQueryLDP", "PrivacyLedger",
+    "RandomizedResponse", "ThresholdScheduler", "UpstreamError", "make_policy",
+]

@@ -1,0 +1,212 @@
+"""``LDPCache``: ask a query, get an answer, the epsilon it cost, and whether the cache answered.
+
+One query, in order (see :mod:`.scheduler` for why each step is private):
+  1. reserve the worst case (query epsilon + scheduler bit) in the ledger, or refuse;
+     the refusal depends only on public facts (budget, spent, query length);
+  2. embed the raw query, find the nearest cached entry, release the randomized
+     hit/miss bit;
+  3. hit: answer with the cached response, settle the charge to the bit's epsilon;
+     miss: perturb every non-assistant message with the token mechanism, send that
+     upstream, settle to bit + query epsilon, cache (raw query, response, fidelity).
+A failure before anything reached the upstream refunds the query part; any other
+failure keeps the whole reservation (the upstream may have seen the query).
+
+``PerQueryLDP`` is the no-cache baseline: every query perturbed and sent.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .accountant import PrivacyLedger
+from .mechanism import ExponentialTokenMechanism
+from .scheduler import LDPScheduler
+from .store import CacheStore
+from .upstream import UpstreamError
+
+PRIVATE_ROLES = ("system", "developer", "user", "tool")
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    cache_hit: bool
+    epsilon: float  # charged for this query
+    spent: float  # the user's total so far
+    remaining: float
+    similarity: float  # to the nearest cached query (-1: cache was empty)
+    sent_messages: list | None  # what the upstream saw; None on a hit
+    raw: dict | None = None  # the upstream's chat.completion on a miss
+
+
+def _text(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        parts = []
+        for p in content:
+            if not isinstance(p, dict) or p.get("type") != "text":
+                raise ValueError("only text content parts are supported by the LDP cache")
+            parts.append(p.get("text", ""))
+        return "\n".join(parts)
+    raise ValueError(f"message content must be a string or a list of text parts, got {type(content).__name__}")
+
+
+def _rngs(seed) -> tuple[np.random.Generator, np.random.Generator]:
+    # separate streams for the perturbation and the bit, so a benchmark can couple perturbations
+    # across runs (same seed -> same perturbed text) while the bits stay independent of them
+    if seed is None:
+        ss = np.random.SeedSequence()
+    else:
+        ss = np.random.SeedSequence(seed if isinstance(seed, (list, tuple)) else [int(seed)])
+    a, b = ss.spawn(2)
+    return np.random.default_rng(a), np.random.default_rng(b)
+
+
+def _private_parts(messages: list[dict]) -> list[int]:
+    if not messages:
+        raise ValueError("messages is empty")
+    idx = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m:
+            raise ValueError(f"messages[{i}] needs a 'role'")
+        if m["role"] in PRIVATE_ROLES:
+            idx.append(i)
+    if not idx:
+        raise ValueError("no user or system message to answer")
+    return idx
+
+
+def _perturbed(mechanism, messages: list[dict], idx: list[int], rng) -> tuple[list[dict], float, str]:
+    out = [dict(m) for m in messages]
+    eps = 0.0
+    texts = []
+    for i in idx:
+        p = mechanism.perturb(_text(messages[i].get("content")), rng)
+        out[i]["content"] = p.text
+        eps += p.epsilon
+        texts.append(p.text)
+    return out, eps, "\n".join(texts)
+
+
+class LDPCache:
+    """A privacy cache in front of an OpenAI-compatible upstream (see module docstring)."""
+
+    def __init__(self, upstream: Callable, ledger: PrivacyLedger, store: CacheStore,
+                 mechanism: ExponentialTokenMechanism, embedder: Callable, scheduler=None,
+                 default_user: str = "default"):
+        self.upstream = upstream
+        self.ledger = ledger
+        self.store = store
+        self.mechanism = mechanism
+        self.embedder = embedder
+        self.scheduler = scheduler or LDPScheduler()
+        self.default_user = default_user
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, upstream: str | Callable, budget: float, state_dir: str | Path, *,
+             epsilon_per_token: float = 36.0, rr_epsilon: float = 3.0, sim_threshold: float = 0.8,
+             gain_threshold: float = 0.1, capacity: int = 256, eviction: str = "multifactor",
+             model: str | None = None, api_key: str | None = None, embedder=None, mechanism=None):
+        """Everything persisted under ``state_dir`` (ledger.sqlite, cache.sqlite)."""
+        from .embedder import MiniLMEmbedder
+        from .eviction import make_policy
+        from .upstream import OpenAIUpstream
+
+        state = Path(state_dir)
+        state.mkdir(parents=True, exist_ok=True)
+        up = OpenAIUpstream(upstream, model=model, api_key=api_key) if isinstance(upstream, str) else upstream
+        return cls(up, PrivacyLedger(state / "ledger.sqlite", budget),
+                   CacheStore(state / "cache.sqlite", capacity=capacity, policy=make_policy(eviction)),
+                   mechanism or ExponentialTokenMechanism.from_minilm(epsilon_per_token),
+                   embedder or MiniLMEmbedder(),
+                   LDPScheduler(rr_epsilon, sim_threshold, gain_threshold))
+
+    def worst_case_epsilon(self, messages: list[dict]) -> float:
+        idx = _private_parts(messages)
+        return (sum(self.mechanism.query_epsilon(_text(messages[i].get("content"))) for i in idx)
+                + self.scheduler.worst_case_epsilon)
+
+    def ask(self, query: str, user: str | None = None, seed=None, **params) -> Answer:
+        return self.ask_messages([{"role": "user", "content": query}], user=user, seed=seed, **params)
+
+    def _call(self, messages: list[dict], params: dict):
+        chat = getattr(self.upstream, "chat", None)
+        if chat is not None:
+            raw = chat(messages, **params)
+            return raw["choices"][0]["message"]["content"] or "", raw
+        return self.upstream(messages, **params), None
+
+    def ask_messages(self, messages: list[dict], user: str | None = None, seed=None, **params) -> Answer:
+        user = user or self.default_user
+        idx = _private_parts(messages)
+        key = "\n".join(_text(messages[i].get("content")) for i in idx)
+        pert_rng, bit_rng = _rngs(seed)
+        with self._lock:
+            res = self.ledger.reserve(user, self.worst_case_epsilon(messages), purpose="query")
+            decided = None
+            try:
+                self.store.tick(user)
+                emb = self.embedder([key])[0]
+                entry, sim = self.store.nearest(user, emb)
+                entries = self.store.entries(user)
+                cloud_acc = float(np.mean([e.accuracy for e in entries])) if entries else 1.0
+                decided = self.scheduler.decide(entry, sim, bit_rng, cloud_acc)
+                if decided.hit:
+                    self.store.touch(user, decided.entry.id)
+                    eps = self.ledger.settle(res, decided.epsilon)
+                    return Answer(decided.entry.response, True, eps, self.ledger.spent(user),
+                                  self.ledger.remaining(user), sim, None)
+                sent, eps_q, sent_text = _perturbed(self.mechanism, messages, idx, pert_rng)
+                text, raw = self._call(sent, params)
+            except UpstreamError as e:
+                if e.sent:
+                    self.ledger.settle(res)
+                else:
+                    self.ledger.settle(res, decided.epsilon if decided else 0.0)
+                raise
+            except BaseException:
+                # before the upstream call nothing left the device (except through the bit)
+                if decided is None:
+                    self.ledger.release(res)
+                else:
+                    self.ledger.settle(res)
+                raise
+            eps = self.ledger.settle(res, decided.epsilon + eps_q)
+            fidelity = float(np.clip(emb @ self.embedder([sent_text])[0], 0.0, 1.0))
+            self.store.add(user, key, emb, text, fidelity)
+            return Answer(text, False, eps, self.ledger.spent(user), self.ledger.remaining(user), sim, sent, raw)
+
+
+class PerQueryLDP:
+    """The baseline without a cache: every query is perturbed and sent, costing its full epsilon."""
+
+    def __init__(self, upstream: Callable, ledger: PrivacyLedger, mechanism: ExponentialTokenMechanism,
+                 default_user: str = "default"):
+        self.upstream, self.ledger, self.mechanism = upstream, ledger, mechanism
+        self.default_user = default_user
+
+    def ask(self, query: str, user: str | None = None, seed=None, **params) -> Answer:
+        user = user or self.default_user
+        messages = [{"role": "user", "content": query}]
+        pert_rng, _ = _rngs(seed)
+        res = self.ledger.reserve(user, self.mechanism.query_epsilon(query), purpose="query")
+        sent, _, _ = _perturbed(self.mechanism, messages, [0], pert_rng)
+        try:
+            text = self.upstream(sent, **params)
+        except UpstreamError as e:
+            if not e.sent:
+                self.ledger.release(res)
+            else:
+                self.ledger.settle(res)
+            raise
+        eps = self.ledger.settle(res)
+        return Answer(text, False, eps, self.ledger.spent(user), self.ledger.remaining(user), -1.0, sent)
