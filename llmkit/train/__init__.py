@@ -9,4 +9,5 @@ wrapped) and ``main(*configs)``. ``llmkit train <method>`` parses YAML plus
 # method name -> module exposing CONFIG_CLASSES and main()
 METHODS: dict[str, str] = {
     "halo": "llmkit.train.halo.recipe",
+    "vspo": "llmkit.train.vspo.recipe",
 }

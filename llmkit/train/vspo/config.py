@@ -1,0 +1,82 @@
+"""``VSPOConfig``: TRL's ``GRPOConfig`` plus the steering schedule, the behaviour, the data and the evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+MODES = ("vspo", "grpo", "guidance")
+SPREADS = ("linspace", "uniform")
+ANNEALS = ("linear", "cosine", "none")
+CORRECTIONS = ("none", "token_truncate", "sequence_truncate")
+
+
+@dataclass
+class VSPOConfig(GRPOConfig):
+    """Vector-Steered Policy Optimization. ``mode=grpo`` is the reward-shaped GRPO baseline (same rewards,
+    alpha = 0); ``mode=guidance`` trains nothing and evaluates the base model steered at ``guidance_alpha``."""
+
+    mode: str = field(default="vspo", metadata={"help": "vspo | grpo (reward shaping, alpha=0) | guidance "
+                                                        "(no training; steering at inference only)"})
+    # ---- behaviour and rewards
+    behavior: str = field(default="verbosity", metadata={
+        "help": "target behaviour: verbosity | confidence | expertise | robustness"})
+    behavior_weight: float = field(default=1.0, metadata={"help": "weight of the behaviour reward"})
+    task_reward: str = field(default="gsm8k", metadata={"help": "task correctness reward: gsm8k | math | none"})
+    task_weight: float = field(default=1.0, metadata={"help": "weight of the task correctness reward"})
+    verbosity_min_words: int = field(default=5, metadata={"help": "verbosity band: lower bound in words"})
+    verbosity_max_words: int = field(default=40, metadata={"help": "verbosity band: upper bound in words"})
+    # ---- data
+    dataset_path: str = field(default="../shared/data/gsm8k/train.jsonl", metadata={
+        "help": "GSM8K-style JSONL (question, answer) or a hub id; relative paths resolve against the cwd, "
+                "then the repository root"})
+    dataset_limit: int | None = field(default=None, metadata={"help": "use only the first N training problems"})
+    hint_seed: int = field(default=0, metadata={"help": "seed for the misleading hints (robustness behaviour)"})
+    # ---- steering vector
+    steering_vector: str | None = field(default=None, metadata={
+        "help": "folder of a saved steering vector (llmkit steer extract); if unset, one is extracted from the "
+                "behaviour's built-in contrastive pairs on training questions and saved in output_dir/steering"})
+    steering_layers: list[int] | None = field(default=None, metadata={
+        "help": "decoder layers for on-the-fly extraction (default: one layer at 60%% depth)"})
+    steering_num_pairs: int = field(default=64, metadata={"help": "contrastive pairs for on-the-fly extraction"})
+    # ---- intensity schedule
+    alpha_max: float = field(default=4.0, metadata={"help": "largest steering intensity in a group at step 0"})
+    alpha_spread: str = field(default="linspace", metadata={
+        "help": "intensities within a group: linspace (0..alpha_max, evenly) | uniform (row 0 at 0, the rest "
+                "drawn uniformly in [0, alpha_max])"})
+    alpha_anneal: str = field(default="linear", metadata={"help": "anneal alpha_max toward 0: linear | cosine | none"})
+    alpha_anneal_fraction: float = field(default=1.0, metadata={
+        "help": "fraction of max_steps after which intensities reach their final value"})
+    alpha_final: float = field(default=0.0, metadata={"help": "alpha_max at the end of annealing"})
+    importance_correction: str = field(default="none", metadata={
+        "help": "none (on-policy latent self-distillation, the paper's choice) | token_truncate | "
+                "sequence_truncate: weight each steered rollout by min(pi/q_alpha, importance_clip)"})
+    importance_clip: float = field(default=2.0, metadata={"help": "cap on the importance ratio"})
+    # ---- evaluation before/after
+    eval_path: str | None = field(default="../shared/data/gsm8k/test.jsonl", metadata={
+        "help": "GSM8K-style test file for behaviour rate and accuracy before/after (unset: skip)"})
+    eval_num_problems: int = field(default=200, metadata={"help": "test problems to evaluate"})
+    eval_max_new_tokens: int = field(default=256, metadata={"help": "generation budget at evaluation"})
+    eval_batch_size: int = field(default=16, metadata={"help": "evaluation batch size"})
+    eval_before: bool = field(default=True, metadata={"help": "evaluate the starting model as well"})
+    guidance_alpha: float = field(default=2.0, metadata={"help": "steering intensity at inference (guidance mode)"})
+    tiny_model_seed: int = field(default=0, metadata={"help": "seed of the in-process model when "
+                                                              "model_name_or_path is 'tiny-random'"})
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name, value, allowed in (("mode", self.mode, MODES), ("alpha_spread", self.alpha_spread, SPREADS),
+                                     ("alpha_anneal", self.alpha_anneal, ANNEALS),
+                                     ("importance_correction", self.importance_correction, CORRECTIONS)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got '{value}'")
+        if self.alpha_max < 0 or self.alpha_final < 0:
+            raise ValueError("alpha_max and alpha_final must be >= 0")
+        if not 0 < self.alpha_anneal_fraction <= 1:
+            raise ValueError("alpha_anneal_fraction must be in (0, 1]")
+        if self.importance_clip <= 0:
+            raise ValueError("importance_clip must be > 0")
+        if self.mode != "grpo" and self.use_vllm:
+            raise ValueError("VSPO steers rollouts with a forward hook on the training model, which vLLM "
+                             "rollouts bypass: set use_vllm false (or mode grpo)")

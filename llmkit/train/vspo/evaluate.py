@@ -1,0 +1,63 @@
+"""Behaviour rate and task accuracy of a model on held-out prompts, optionally steered (the guidance baseline)."""
+
+from __future__ import annotations
+
+from statistics import mean
+
+
+def evaluate(model, tokenizer, rows: list[dict], behavior: str, *, max_new_tokens: int = 256, batch_size: int = 16,
+             vector=None, alpha: float = 0.0, behavior_kwargs: dict | None = None, task_name: str = "gsm8k",
+             progress: bool = True) -> dict:
+    """Greedy completions for ``rows`` (from ``data.build_rows``), scored by the task's grader and the behaviour.
+
+    Returns accuracy, behaviour rate, mean behaviour score, mean length in words, and the number of problems.
+    """
+    from llmkit.evals.tasks import get_task
+    from llmkit.generation import GenerationParams, chat_prompt, generate
+    from llmkit.rewards.behaviors import get_behavior, word_count
+    from llmkit.steering import Steering
+
+    task = get_task(task_name)
+    b = get_behavior(behavior)
+    bkw = behavior_kwargs or {}
+    prompts = [chat_prompt(tokenizer, r["prompt"]) for r in rows]
+    params = GenerationParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    was_training = model.training
+    model.eval()
+    texts: list[str] = []
+    try:
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(prompts), desc=f"eval {behavior}" + (f" alpha={alpha:g}" if alpha else ""),
+                       leave=False)
+        for start in range(0, len(prompts), batch_size):
+            chunk = prompts[start:start + batch_size]
+            if vector is not None and alpha:
+                with Steering(model, vector, float(alpha)):
+                    outs = generate(model, tokenizer, chunk, params, batch_size=batch_size)
+            else:
+                outs = generate(model, tokenizer, chunk, params, batch_size=batch_size)
+            texts += [o.text for o in outs]
+            if bar:
+                bar.update(len(chunk))
+        if bar:
+            bar.close()
+    finally:
+        model.train(was_training)
+    answers = [r["answer"] for r in rows]
+    acc = [task.score(t, {"question": r["question"], "answer": r["answer"]})[task.primary] for t, r in zip(texts, rows)]
+    hints = [r.get("hint") for r in rows]
+    rates = b.rates(texts, answers=answers, hints=hints, **bkw)
+    reward = b.reward(**bkw) if b.name == "verbosity" else b.reward()
+    scores = reward(completions=texts, answer=answers, hint=hints)
+    return {
+        "n": len(rows),
+        "accuracy": mean(acc) if acc else 0.0,
+        "behavior_rate": mean(rates) if rates else 0.0,
+        "behavior_score": mean(scores) if scores else 0.0,
+        "mean_words": mean(word_count(t) for t in texts) if texts else 0.0,
+        "alpha": float(alpha),
+        "samples": [{"completion": t, "correct": a, "behavior": r} for t, a, r in list(zip(texts, acc, rates))[:5]],
+    }

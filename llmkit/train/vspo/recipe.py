@@ -1,0 +1,182 @@
+"""``llmkit train vspo``: VSPO (steering-vector GRPO) and its baselines on GSM8K-style data.
+
+Modes: ``vspo`` (steered rollouts, loss on the unsteered policy), ``grpo`` (reward-shaped GRPO: the same
+rewards, alpha = 0) and ``guidance`` (no training; the base model steered at ``guidance_alpha`` at inference).
+
+Model names: a Hugging Face id or local folder, the bundled alias (default), or ``tiny-llama`` (a random
+2-layer Llama with a byte-level ChatML tokenizer written to ``<output_dir>/tiny-llama``; smoke tests only).
+
+Outputs in ``output_dir``: ``resolved_config.yaml``; ``steering/`` (the vector used, extracted from the
+behaviour's contrastive pairs unless ``steering_vector`` names one); ``checkpoint-*/`` (a rerun of the same
+command resumes from the last one; ``--resume_from_checkpoint PATH`` picks one); the final model;
+``metrics.jsonl``; ``reward_curves.png``; ``eval.json`` (behaviour rate and task accuracy before/after).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from trl import ModelConfig
+
+from llmkit.train.vspo.config import VSPOConfig
+
+CONFIG_CLASSES = (VSPOConfig, ModelConfig)
+TINY = "tiny-llama"
+CURVE_KEYS = ("reward", "vspo/reward_steered", "vspo/reward_unsteered", "vspo/alpha_max")
+
+
+def prepare_model_path(name: str | None, output_dir: Path, seed: int = 0) -> str:
+    from llmkit.models import DEFAULT_MODEL, resolve
+
+    name = name or DEFAULT_MODEL
+    if name != TINY:
+        return str(resolve(name))
+    folder = output_dir / TINY
+    if not (folder / "config.json").is_file():
+        from llmkit.testing import tiny_llama, tiny_tokenizer
+
+        tiny_llama(seed=seed).save_pretrained(folder)
+        tiny_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def behavior_kwargs(cfg: VSPOConfig) -> dict:
+    if cfg.behavior == "verbosity":
+        return {"min_words": cfg.verbosity_min_words, "max_words": cfg.verbosity_max_words}
+    return {}
+
+
+def reward_functions(cfg: VSPOConfig) -> tuple[list, list[float]]:
+    from llmkit.rewards import gsm8k_correctness, math_correctness
+    from llmkit.rewards.behaviors import get_behavior
+
+    funcs, weights = [], []
+    if cfg.task_reward != "none":
+        task = {"gsm8k": gsm8k_correctness, "math": math_correctness}.get(cfg.task_reward)
+        if task is None:
+            raise ValueError(f"task_reward must be gsm8k, math or none, got '{cfg.task_reward}'")
+        funcs.append(task)
+        weights.append(cfg.task_weight)
+    funcs.append(get_behavior(cfg.behavior).reward(**behavior_kwargs(cfg)))
+    weights.append(cfg.behavior_weight)
+    return funcs, weights
+
+
+def steering_vector_for(cfg: VSPOConfig, model, tok, train_rows: list[dict], out: Path):
+    """Load ``cfg.steering_vector``, or reuse/extract ``out/steering`` from the behaviour's contrastive pairs."""
+    from llmkit.rewards.behaviors import contrastive_pairs
+    from llmkit.steering import SteeringVector, check_compatible, extract
+
+    if cfg.steering_vector:
+        vec = SteeringVector.load(cfg.steering_vector)
+    elif (out / "steering" / "steering.safetensors").is_file():  # resumed run: same vector as before
+        vec = SteeringVector.load(out / "steering")
+    else:
+        # questions from the end of the training rows, so the pairs and the first training prompts differ
+        questions = [r["question"] for r in train_rows[::-1][:cfg.steering_num_pairs]]
+        vec = extract(model, tok, contrastive_pairs(cfg.behavior, questions), layers=cfg.steering_layers,
+                      behavior=cfg.behavior)
+        vec.save(out / "steering")
+    check_compatible(model, vec)
+    return vec
+
+
+def _resume_arg(value, out: Path):
+    if isinstance(value, str) and value.lower() in ("true", "last", "latest"):
+        return True
+    if value:
+        return value
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(str(out)) if out.is_dir() else None
+    if last:
+        print(f"resuming from {last}")
+    return last
+
+
+def plot_reward_curves(metrics: Path, png: Path, title: str) -> Path | None:
+    from llmkit.train.common import plot_curves
+
+    if not metrics.is_file():
+        return None
+    series: dict[str, tuple[list, list]] = {k: ([], []) for k in CURVE_KEYS}
+    for line in metrics.read_text().splitlines():
+        rec = json.loads(line)
+        for k in CURVE_KEYS:
+            if isinstance(rec.get(k), (int, float)):
+                series[k][0].append(rec["step"])
+                series[k][1].append(rec[k])
+    series = {k: v for k, v in series.items() if v[0]}
+    return plot_curves(series, png, title=title, ylabel="reward / alpha") if series else None
+
+
+def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
+    from datasets import Dataset
+    from trl import get_peft_config
+
+    from llmkit.models import load
+    from llmkit.train.common import MetricsJsonlCallback, save_resolved_config
+    from llmkit.train.vspo.data import build_rows, load_records
+    from llmkit.train.vspo.evaluate import evaluate
+    from llmkit.train.vspo.trainer import VSPOTrainer
+
+    model_args = model_args or ModelConfig()
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"saved {save_resolved_config(out, cfg, model_args)}")
+    path = prepare_model_path(model_args.model_name_or_path, out, cfg.tiny_model_seed)
+    model, tok = load(path, dtype=model_args.dtype or "float32", device=None)
+
+    task_name = "math500" if cfg.task_reward == "math" else "gsm8k"
+    train_rows = build_rows(load_records(cfg.dataset_path, cfg.dataset_limit, "train", task_name), cfg.behavior,
+                            cfg.hint_seed, task_name)
+    eval_rows = []
+    if cfg.eval_path and cfg.eval_num_problems > 0:
+        eval_rows = build_rows(load_records(cfg.eval_path, cfg.eval_num_problems, "test", task_name), cfg.behavior,
+                               cfg.hint_seed + 1, task_name)
+    need_vector = cfg.mode == "guidance" or (cfg.mode == "vspo" and cfg.alpha_max > 0)
+    vector = steering_vector_for(cfg, model, tok, train_rows, out) if need_vector else None
+    bkw = behavior_kwargs(cfg)
+
+    def run_eval(alpha: float = 0.0, what: str = "") -> dict | None:
+        if not eval_rows:
+            return None
+        t0 = time.time()
+        r = evaluate(model, tok, eval_rows, cfg.behavior, max_new_tokens=cfg.eval_max_new_tokens,
+                     batch_size=cfg.eval_batch_size, vector=vector, alpha=alpha, behavior_kwargs=bkw,
+                     task_name=task_name)
+        print(f"eval {what}: accuracy {r['accuracy']:.3f}, {cfg.behavior} rate {r['behavior_rate']:.3f}, "
+              f"mean words {r['mean_words']:.1f} (n={r['n']}, {time.time() - t0:.0f}s)")
+        return r
+
+    results: dict = {"mode": cfg.mode, "behavior": cfg.behavior, "model": str(model_args.model_name_or_path)}
+    resume = _resume_arg(cfg.resume_from_checkpoint, out)
+    if cfg.eval_before and not resume:
+        results["before"] = run_eval(0.0, "before")
+
+    if cfg.mode == "guidance":
+        results["after"] = run_eval(cfg.guidance_alpha, f"guidance alpha={cfg.guidance_alpha:g}")
+    else:
+        funcs, weights = reward_functions(cfg)
+        cfg.reward_weights = weights
+        trainer = VSPOTrainer(
+            model=model, args=cfg, reward_funcs=funcs, train_dataset=Dataset.from_list(train_rows),
+            processing_class=tok, peft_config=get_peft_config(model_args), steering_vector=vector,
+            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
+        )
+        t0 = time.time()
+        trainer.train(resume_from_checkpoint=resume)
+        results["train_seconds"] = round(time.time() - t0, 1)
+        results["steps"] = trainer.state.global_step
+        trainer.save_model(str(out))
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        results["after"] = run_eval(0.0, "after (unsteered)")
+        png = plot_reward_curves(out / "metrics.jsonl", out / "reward_curves.png",
+                                 f"{cfg.mode} / {cfg.behavior}")
+        if png:
+            print(f"reward curves: {png}")
+    (out / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results: {out / 'eval.json'}")
+    return 0

@@ -1,0 +1,183 @@
+"""VSPO: GRPO whose rollouts are sampled under a steering vector at varying intensities.
+
+Paper: "Vector-Steered Policy Optimization" (VSPO), ../shared/seeds/000_99acb659bb8537c9.txt.
+
+Algorithm (per training step):
+  1. For each prompt, GRPO draws a group of G rollouts. VSPO gives the g-th rollout of every group a
+     steering intensity ``alpha_g`` (a spread from 0 to ``alpha_max``, so each group holds both unsteered
+     and strongly steered rollouts) and samples it with ``alpha_g * v`` added to the residual stream at the
+     steering layers. The rare target behaviour then shows up inside most groups, so the group-normalised
+     advantage has signal where reward-shaped GRPO would see all-zero behaviour rewards.
+  2. ``alpha_max`` is annealed toward ``alpha_final`` (default 0) over training: as the policy
+     internalises the vector, less steering is needed and rollouts return to the policy's own distribution.
+  3. Rewards and advantages are computed exactly as in GRPO (task correctness + weighted behaviour score).
+  4. The loss is GRPO's clipped surrogate evaluated on the *unsteered* policy's log-probabilities of the
+     steered tokens: the hook is attached only around generation, so every training forward pass sees the
+     plain model. Treating the steered samples as on-policy is the paper's "on-policy latent
+     self-distillation": the policy is pulled toward the high-advantage steered behaviour and so absorbs the
+     vector into its weights.
+
+Importance correction (``importance_correction``): the steered rollouts come from q_alpha, not from pi.
+An unbiased policy gradient for pi would weight each token by pi/q_alpha, but that ratio is small exactly
+on the behaviour the steering made likely, cancelling the upsampling VSPO relies on. The default is
+therefore no correction (the paper's self-distillation view). ``token_truncate`` / ``sequence_truncate``
+multiply each steered row's per-token loss by ``min(pi/q_alpha, importance_clip)`` (truncated importance
+sampling, as TRL does for vLLM mismatch) for users who prefer a less biased, higher-variance estimate;
+it costs one extra steered forward pass per generation batch. It is applied by scaling the advantages per
+token, which for GRPO's clipped loss is the same as scaling the per-token loss (the scale is positive).
+
+Deviations from the paper: the intensity schedule (linspace/uniform spread, linear/cosine annealing) is
+our reading of "varying steering intensities"; steering is applied at every position of prompt and
+completion (activation addition) at the configured layers; rollouts use transformers generation (the hook
+lives in the torch model, so vLLM rollouts are refused).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from trl import GRPOTrainer
+
+from llmkit.steering import Steering, SteeringVector, check_compatible
+
+
+def alpha_scale(step: int, max_steps: int, cfg) -> float:
+    """``alpha_max`` in effect at ``step`` under the configured annealing."""
+    if cfg.alpha_anneal == "none" or max_steps <= 0:
+        return cfg.alpha_max
+    end = max(1.0, cfg.alpha_anneal_fraction * max_steps)
+    t = min(1.0, step / end)
+    if cfg.alpha_anneal == "linear":
+        w = 1.0 - t
+    else:  # cosine
+        w = 0.5 * (1.0 + math.cos(math.pi * t))
+    return cfg.alpha_final + (cfg.alpha_max - cfg.alpha_final) * w
+
+
+def group_alphas(num_generations: int, top: float, spread: str, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
+    """Intensities for the G rollouts of one group; the first is always 0 (one unsteered rollout per group)."""
+    if num_generations == 1:
+        return torch.zeros(1)
+    if spread == "linspace":
+        return torch.linspace(0.0, top, num_generations)
+    a = torch.rand(num_generations, generator=generator) * top
+    a[0] = 0.0
+    return a
+
+
+class VSPOTrainer(GRPOTrainer):
+    """``GRPOTrainer`` with steered rollouts. ``steering_vector`` may be None only when ``args.alpha_max == 0``
+    or ``args.mode == 'grpo'`` (then it is plain GRPO through the same code path)."""
+
+    def __init__(self, *args, steering_vector: SteeringVector | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        cfg = self.args
+        self.steering_vector = steering_vector
+        self._steering_on = getattr(cfg, "mode", "vspo") == "vspo" and cfg.alpha_max > 0
+        if self._steering_on:
+            if steering_vector is None:
+                raise ValueError("VSPO needs a steering vector (or mode grpo / alpha_max 0)")
+            if self.use_vllm or self.use_transformers_continuous_batching:
+                raise ValueError("VSPO steers transformers generation; disable use_vllm and continuous batching")
+            check_compatible(self.accelerator.unwrap_model(self.model), steering_vector)
+        self._alpha_gen = torch.Generator().manual_seed(int(cfg.seed))
+        self._current_alphas: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ intensities
+    def current_alpha_max(self) -> float:
+        if not self._steering_on:
+            return 0.0
+        return alpha_scale(self.state.global_step, self.state.max_steps, self.args)
+
+    def rollout_alphas(self, num_rows: int) -> torch.Tensor:
+        """One intensity per local rollout row, by the row's position inside its GRPO group."""
+        g = self.num_generations
+        top = self.current_alpha_max()
+        spread = group_alphas(g, top, self.args.alpha_spread, self._alpha_gen)
+        offset = self.accelerator.process_index * num_rows  # groups are contiguous in the global batch
+        pos = (torch.arange(num_rows) + offset) % g
+        return spread[pos]
+
+    # ------------------------------------------------------------------ generation with steering
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        training = self.model.training
+        if not (self._steering_on and training):
+            self._current_alphas = torch.zeros(len(prompt_ids))
+            self._log_completion_extra("alpha", [0.0] * len(prompt_ids))
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)
+        alphas = self.rollout_alphas(len(prompt_ids))
+        self._current_alphas = alphas
+        self._log_completion_extra("alpha", alphas.tolist())  # flushed with this batch's completions table
+        model = self.accelerator.unwrap_model(self.model)
+        with Steering(model, self.steering_vector, alphas):
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        alphas = self._current_alphas
+        if alphas is None or len(alphas) != out["completion_ids"].shape[0]:
+            alphas = torch.zeros(out["completion_ids"].shape[0])
+        device = out["completion_ids"].device
+        out["steer_alphas"] = alphas.to(device)
+        self._metrics[mode]["vspo/alpha_max"].append(self.current_alpha_max())
+        self._metrics[mode]["vspo/alpha_mean"].append(float(alphas.mean()))
+        self._metrics[mode]["vspo/steered_fraction"].append(float((alphas > 0).float().mean()))
+        self._log_reward_by_steering(alphas.to(device), mode)
+        if self._steering_on and mode == "train" and self.args.importance_correction != "none" and (alphas > 0).any():
+            self._apply_importance_correction(out, alphas.to(device), mode)
+        return out
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._last_rewards_per_func = rewards  # gathered over processes, (global B, num funcs)
+        return rewards
+
+    def _log_reward_by_steering(self, alphas: torch.Tensor, mode: str) -> None:
+        """Mean total reward of steered vs unsteered rollouts in this batch: is steering producing the behaviour?"""
+        rewards = getattr(self, "_last_rewards_per_func", None)
+        all_alphas = self.accelerator.gather(alphas)
+        if rewards is None or rewards.shape[0] != all_alphas.shape[0]:
+            return
+        total = (rewards * self.reward_weights.to(rewards.device).unsqueeze(0)).nansum(dim=1)
+        steered = all_alphas.to(total.device) > 0
+        if steered.any():
+            self._metrics[mode]["vspo/reward_steered"].append(float(total[steered].mean()))
+        if (~steered).any():
+            self._metrics[mode]["vspo/reward_unsteered"].append(float(total[~steered].mean()))
+
+    # ------------------------------------------------------------------ optional importance correction
+    @torch.no_grad()
+    def _apply_importance_correction(self, out: dict, alphas: torch.Tensor, mode: str) -> None:
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        attn = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        keep = out["completion_ids"].size(1)
+        bs = self.args.per_device_train_batch_size
+        plain = out.get("old_per_token_logps")
+        if plain is None:
+            plain, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, attn, keep, batch_size=bs)
+        with Steering(self.accelerator.unwrap_model(self.model), self.steering_vector, alphas) as st:
+            # _get_per_token_logps_and_entropies runs the batch in chunks of `bs`; give each chunk its rows' alphas
+            steered_chunks = []
+            for start in range(0, ids.size(0), bs):
+                st.alphas = alphas[start:start + bs]
+                lp, _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, ids[start:start + bs], attn[start:start + bs], keep, batch_size=bs)
+                steered_chunks.append(lp)
+        steered = torch.cat(steered_chunks, dim=0)
+        mask = out["completion_mask"].float()
+        log_ratio = (plain - steered) * mask
+        if self.args.importance_correction == "sequence_truncate":
+            log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(mask)
+        ratio = torch.exp(log_ratio.clamp(max=math.log(self.args.importance_clip)))
+        ratio = torch.where((alphas > 0).unsqueeze(1), ratio, torch.ones_like(ratio))  # unsteered rows: exactly 1
+        adv = out["advantages"]
+        out["advantages"] = (adv.unsqueeze(1) if adv.dim() == 1 else adv) * ratio
+        flat = ratio[mask.bool() & (alphas > 0).unsqueeze(1)]
+        if flat.numel():
+            self._metrics[mode]["vspo/importance_ratio_mean"].append(float(flat.mean()))
+            self._metrics[mode]["vspo/importance_ratio_min"].append(float(flat.min()))
