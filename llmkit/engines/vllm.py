@@ -58,6 +58,12 @@ class VLLMEngine(Engine):
             ])
         return out
 
+    def start_streaming(self, **kwargs):
+        """Background loop over vLLM's engine: requests join its continuous batch as they arrive."""
+        from llmkit.engines.vllm_stream import VLLMStreamer
+
+        return VLLMStreamer(self).start()
+
     def close(self) -> None:
         llm = getattr(self, "llm", None)
         if llm is not None:
