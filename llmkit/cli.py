@@ -21,6 +21,8 @@ COMMANDS = [
     "train",
     "serve",
     "guard",
+    "ldp-proxy",
+    "steer",
 ]
 
 
