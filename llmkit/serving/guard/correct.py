@@ -52,7 +52,8 @@ def steering(model, manifolds: dict, alpha: float):
 
     Layer ``l`` (an ``output_hidden_states`` index) is the output of block ``l - 1``;
     the last index has the final norm applied, which a block hook cannot see, so
-    it is left alone.
+    it is left alone. The hooks run first (``prepend``) so that transformers'
+    own output recorders see the steered states.
     """
     if alpha <= 0:
         yield
@@ -72,7 +73,7 @@ def steering(model, manifolds: dict, alpha: float):
     try:
         for layer, man in manifolds.items():
             if 1 <= layer < len(blocks):
-                handles.append(blocks[layer - 1].register_forward_hook(make_hook(man)))
+                handles.append(blocks[layer - 1].register_forward_hook(make_hook(man), prepend=True))
         yield
     finally:
         for h in handles:
