@@ -27,7 +27,7 @@ def register(sub):
     p.add_argument("--dtype", default=None, help="model dtype (default: float32 for hf, bfloat16 for vllm)")
     p.add_argument("--kv-cache", default=None, metavar="NAME",
                    help="KV-cache implementation for the hf engine, e.g. 'inquant' (default: transformers' dynamic cache)")
-    p.add_argument("--guard", default=None, metavar="DIR", help="a trained guard folder (hf engine); checks every answer")
+    p.add_argument("--guard", default=None, metavar="DIR", help="a fitted guard folder (llmkit guard fit); checks every answer")
     p.add_argument("--guard-action", choices=("annotate", "block", "correct"), default="annotate",
                    help="what to do with flagged answers (default annotate)")
     p.add_argument("--enforce-eager", action="store_true", help="vllm engine: skip graph capture (faster start)")
@@ -42,8 +42,6 @@ def build_engine(args):
     if args.engine == "vllm":
         if args.kv_cache:
             raise UserError("--kv-cache works only with --engine hf (vLLM manages its own KV cache)")
-        if args.guard:
-            raise UserError("--guard works only with --engine hf (it reads the model's hidden states)")
         from llmkit.engines.vllm import VLLMEngine
 
         kw = {"enforce_eager": True} if args.enforce_eager else {}
@@ -77,9 +75,11 @@ def load_guard(args, model_name: str):
 def run(args) -> int:
     from llmkit.serving.server import ServerConfig, build_app, serve
 
+    from llmkit.models import DEFAULT_MODEL
+
+    name = args.served_model_name or args.model or DEFAULT_MODEL
+    guard = load_guard(args, name)  # before the engine: a wrong guard folder fails in a second
     engine = build_engine(args)
-    name = args.served_model_name or engine.model_name
-    guard = load_guard(args, name)
     cfg = ServerConfig(model_name=name, api_key=args.api_key, max_concurrency=args.max_concurrency,
                        max_model_len=args.max_model_len, max_batch_size=args.max_batch_size,
                        guard=guard, guard_action=args.guard_action)

@@ -162,7 +162,8 @@ class _Server:
     async def guard_verdict(self, messages, text, params):
         """(text, finish_override, annotation) after the guard looked at one finished choice."""
         guard, action = self.cfg.guard, self.cfg.guard_action
-        res = await asyncio.to_thread(guard.check, self.engine, messages, text)
+        view = _EngineView(self.engine, self.streamer)
+        res = await asyncio.to_thread(guard.check, view, messages, text)
         flagged, score = bool(res["flagged"]), float(res["score"])
         finish = None
         if flagged:
@@ -170,7 +171,7 @@ class _Server:
             if action == "block":
                 text, finish = REFUSAL, "content_filter"
             elif action == "correct":
-                text = await asyncio.to_thread(guard.correct, self.engine, messages, params)
+                text = await asyncio.to_thread(guard.correct, view, messages, params)
         return text, finish, {"score": score, "flagged": flagged, "action": action if flagged else "none"}
 
     def _record_done(self, prompt_ids, counts):
@@ -340,6 +341,47 @@ class _Server:
             return Response(status_code=499)
         finally:
             self.release()
+
+
+class _EngineView:
+    """The engine as the guard sees it: ``generate`` goes through the running stream loop.
+
+    The loop's thread owns the engine while serving (vLLM's engine must not be
+    stepped from two threads), so a guard's regeneration is one more request
+    in the next batch rather than a second generation beside it.
+    """
+
+    def __init__(self, engine, streamer):
+        self._engine, self._streamer = engine, streamer
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def generate(self, prompts, params: GenerationParams, n: int = 1, progress: bool = False):
+        from llmkit.generation import Completion
+
+        jobs = []
+        for p in prompts:
+            ids = self._engine.tokenizer.encode(p, add_special_tokens=False)
+            for _ in range(n):
+                done, parts, last = threading.Event(), [], []
+
+                def on_event(ev, done=done, parts=parts, last=last):
+                    parts.append(ev.text)
+                    if ev.finish_reason:
+                        last.append(ev)
+                        done.set()
+                self._streamer.submit(StreamRequest(ids, params, on_event))
+                jobs.append((ids, done, parts, last))
+        out = []
+        for ids, done, parts, last in jobs:
+            done.wait()
+            ev = last[0]
+            if ev.error:
+                raise RuntimeError(f"generation failed: {ev.error}")
+            finish = "length" if ev.finish_reason == "length" else "stop"
+            out.append(Completion("".join(parts), len(ids), ev.n_tokens, finish, []))
+        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 
 class _SSEResponse(StreamingResponse):
