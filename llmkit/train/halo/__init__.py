@@ -1,0 +1,41 @@
+"""HALO: Homotopy-Augmented Layer Optimization for supervised post-training (SFT and distillation).
+
+Paper: "HALO" in ../shared/seeds/004_ead6308da16bc4ed.txt (abstract only). Layer-wise
+post-training saves compute but starves early features; HALO adds a homotopy
+parameter t in [0, 1] and monotonically increasing auxiliary functions lambda_l(t)
+so that training deforms continuously from a restricted problem (output layers
+only) to full finetuning, unfreezing from the output back to the input.
+
+Algorithm as implemented here (details in ``schedule.py`` and ``controller.py``):
+  1. Group parameters into units ordered output -> input: LM head (+ final norm),
+     decoder layers last to first, input embeddings (``units.py``).
+  2. t = min(1, step / (fraction * max_steps)); lambda_k(t) = smoothstep((t - a_k) / w)
+     with staggered starts a_k, so lambda is C^1, monotone in t, ordered output first,
+     lambda(0) = 1 only for the initial unit(s), lambda(1) = 1 for all.
+  3. Every unit is in the optimizer from step 0 (the HF Trainer builds its optimizer
+     only from parameters that require grad at creation); each optimizer step is
+     applied as theta_k += lambda_k(t) * (step_k), i.e. the update, not the gradient,
+     is scaled. lambda = 0 units are skipped outright (no update, no weight decay, no
+     optimizer state, and, single-process, no backward through them).
+  4. Baselines on the same machinery: full finetuning, step-wise unfreezing (hard
+     switches, no homotopy), LISA-style random layer sampling.
+
+Deviations from the paper: the abstract does not give the auxiliary functions or
+how lambda enters the objective. We use smoothstep ramps and scale the optimizer
+update, which for SGD equals gradient flow on the homotopy objective with
+per-layer preconditioner Lambda(t) and for Adam keeps lambda meaningful (Adam
+normalises away a scaled gradient). With a tied LM head / embedding matrix the
+shared tensor belongs to the output unit. Under DDP frozen units still run
+backward (their gradients are discarded) because DDP needs a fixed set of
+parameters with gradients; DeepSpeed/FSDP (sharded parameters) are refused.
+
+Use: ``HaloSFTTrainer`` / ``HaloGKDTrainer`` (``trainer.py``) or attach a
+``HaloCallback`` to any transformers Trainer; the CLI recipe is ``recipe.py``.
+"""
+
+from llmkit.train.halo.controller import HaloController, optimizer_state_bytes
+from llmkit.train.halo.schedule import METHODS, Schedule, homotopy_t, smoothstep
+from llmkit.train.halo.units import Unit, layer_units
+
+__all__ = ["HaloController", "METHODS", "Schedule", "Unit", "homotopy_t", "layer_units",
+           "optimizer_state_bytes", "smoothstep"]

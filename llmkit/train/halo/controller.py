@@ -1,0 +1,105 @@
+"""Apply per-unit weights lambda_k to an optimizer that holds every unit from the start.
+
+Why update scaling rather than gradient scaling: Adam-type optimizers divide
+by the gradient's running RMS, so multiplying a gradient by lambda barely
+changes the step, and decoupled weight decay moves a parameter even when its
+gradient is zero. Scaling the *update* works for any optimizer:
+
+    theta_k <- theta_k + lambda_k(t) * (optimizer_step(theta_k) - theta_k)
+
+  * lambda_k = 0: the unit's gradient is set to None before the step, which
+    torch optimizers treat as "skip this parameter": no update, no weight
+    decay, and no optimizer state is ever allocated for it (the memory saving
+    of layer-wise training).
+  * 0 < lambda_k < 1: the unit is snapshotted, stepped, and blended back
+    (only ramping units pay for the snapshot).
+  * lambda_k = 1: untouched, so when every lambda is 1 the step is exactly
+    the plain optimizer's (full finetuning).
+
+Optionally (``skip_frozen_backward``) units with lambda = 0 get
+``requires_grad=False`` before the forward pass so backpropagation stops at
+the lowest unit that trains -- the compute saving. Under DDP that would break
+the gradient reducer's bookkeeping, so callers turn it off there (gradients
+are then computed and simply discarded).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from llmkit.train.halo.schedule import Schedule
+from llmkit.train.halo.units import Unit
+
+
+def _inner(optimizer):
+    return getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the torch optimizer
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    total = 0
+    for state in _inner(optimizer).state.values():
+        for v in state.values():
+            if torch.is_tensor(v):
+                total += v.numel() * v.element_size()
+    return total
+
+
+class HaloController:
+    def __init__(self, units: list[Unit], schedule: Schedule, total_steps: int,
+                 skip_frozen_backward: bool = True, drop_frozen_state: bool | None = None):
+        if schedule.num_units != len(units):
+            raise ValueError(f"schedule has {schedule.num_units} units but the model has {len(units)}")
+        self.units = units
+        self.schedule = schedule
+        self.total_steps = total_steps
+        self.skip_frozen_backward = skip_frozen_backward
+        # LISA re-creates its optimizer at each re-draw, so frozen layers keep no state; do the same.
+        self.drop_frozen_state = schedule.method == "lisa" if drop_frozen_state is None else drop_frozen_state
+        self.current: list[float] = [1.0] * len(units)
+        self._snapshots: list[tuple[torch.nn.Parameter, torch.Tensor, float]] = []
+
+    def lambdas(self, step: int) -> list[float]:
+        return self.schedule.lambdas(step, self.total_steps)
+
+    def before_forward(self, step: int) -> None:
+        """Call before the forward/backward passes of the step that follows ``step`` completed steps."""
+        self.current = self.lambdas(step)
+        if not self.skip_frozen_backward:
+            return
+        for unit, lam in zip(self.units, self.current):
+            for p in unit.params:
+                p.requires_grad_(lam > 0)
+
+    def before_step(self, step: int, optimizer) -> None:
+        self.current = self.lambdas(step)
+        self._snapshots = []
+        for unit, lam in zip(self.units, self.current):
+            if lam <= 0:
+                for p in unit.params:
+                    p.grad = None
+            elif lam < 1:
+                self._snapshots.extend((p, p.detach().clone(), lam) for p in unit.params if p.grad is not None)
+
+    @torch.no_grad()
+    def after_step(self, optimizer) -> None:
+        for p, old, lam in self._snapshots:
+            p.lerp_(old, 1.0 - lam)  # = old + lam * (stepped - old)
+        self._snapshots = []
+        if self.drop_frozen_state:
+            state = _inner(optimizer).state
+            for unit, lam in zip(self.units, self.current):
+                if lam <= 0:
+                    for p in unit.params:
+                        state.pop(p, None)
+
+    def restore_requires_grad(self) -> None:
+        for unit in self.units:
+            for p in unit.params:
+                p.requires_grad_(True)
+
+    def stats(self) -> dict[str, float]:
+        active = sum(1 for lam in self.current if lam > 0)
+        return {
+            "halo_active_units": float(active),
+            "halo_mean_lambda": sum(self.current) / len(self.current),
+        }

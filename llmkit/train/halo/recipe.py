@@ -1,0 +1,147 @@
+"""``llmkit train halo``: SFT or knowledge distillation with HALO layer unfreezing (or a baseline).
+
+Model names: any Hugging Face id or local folder, the bundled alias
+(``smollm2-135m-instruct``, the default), or ``tiny-llama``: a random 2-layer
+Llama with a byte-level ChatML tokenizer (``llmkit.testing``) written to
+``<output_dir>/tiny-llama`` so TRL can load it by path -- for smoke tests and
+CI only. As a teacher, ``tiny-llama`` is the same shape with another seed.
+
+Outputs in ``output_dir``: ``resolved_config.yaml``, ``checkpoint-*/``
+(resume with ``--resume_from_checkpoint true`` or a checkpoint path), the
+final model, ``metrics.jsonl`` (every log line, with halo_t, active units,
+optimizer-state MB), ``loss_curve.png``, and ``halo_results.json`` (final
+losses and forgetting = completion loss on ``forget_data`` after minus before).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from trl import ModelConfig
+
+from llmkit.train.halo.config import HaloArguments, HaloConfig
+
+CONFIG_CLASSES = (HaloArguments, HaloConfig, ModelConfig)
+TINY = "tiny-llama"
+
+
+def prepare_model_path(name: str | None, output_dir: Path, seed: int = 0, is_main: bool = True) -> str:
+    """A path or hub id that ``from_pretrained`` can load for ``name``."""
+    from llmkit.models import DEFAULT_MODEL, resolve
+
+    name = name or DEFAULT_MODEL
+    if name != TINY:
+        return str(resolve(name))
+    folder = output_dir / (TINY if seed == 0 else f"{TINY}-seed{seed}")
+    if is_main and not (folder / "config.json").is_file():
+        from llmkit.testing import tiny_llama, tiny_tokenizer
+
+        tiny_llama(seed=seed).save_pretrained(folder)
+        tiny_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def _wait_for_main(training_args) -> None:
+    from accelerate import PartialState
+
+    PartialState().wait_for_everyone()
+
+
+def _resume_arg(value):
+    if isinstance(value, str) and value.lower() in ("true", "last", "latest"):
+        return True
+    return value or None
+
+
+def main(halo_args: HaloArguments, training_args: HaloConfig, model_args: ModelConfig) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import get_peft_config
+
+    from llmkit.train.common import (MetricsJsonlCallback, chat_dataset, completion_loss, load_records,
+                                     plot_metrics_file, save_resolved_config)
+    from llmkit.train.halo.trainer import trainer_class
+
+    out = Path(training_args.output_dir)
+    is_main = training_args.process_index == 0
+    distill = bool(training_args.teacher_model_name_or_path)
+    if is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"[halo] {'distillation' if distill else 'SFT'} with schedule {halo_args.halo_method}; "
+              f"outputs in {out.resolve()}", flush=True)
+        save_resolved_config(out, halo_args, training_args, model_args)
+
+    model_path = prepare_model_path(model_args.model_name_or_path, out, seed=0, is_main=is_main)
+    if distill:
+        training_args.teacher_model_name_or_path = prepare_model_path(
+            training_args.teacher_model_name_or_path, out, seed=1, is_main=is_main)
+    _wait_for_main(training_args)
+
+    dtype = model_args.dtype if model_args.dtype not in (None, "auto") else "float32"
+    tok = AutoTokenizer.from_pretrained(model_path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=getattr(torch, dtype), attn_implementation=model_args.attn_implementation)
+
+    fmt = "messages" if distill else "prompt_completion"
+    train_ds = chat_dataset(load_records(halo_args.train_data, halo_args.train_split, halo_args.train_data_config,
+                                         halo_args.max_train_samples), fmt, where=halo_args.train_data)
+    eval_ds = None
+    if halo_args.eval_data:
+        eval_ds = chat_dataset(load_records(halo_args.eval_data, halo_args.eval_split, halo_args.eval_data_config,
+                                            halo_args.max_eval_samples), fmt, where=halo_args.eval_data)
+    forget_rows = None
+    if halo_args.forget_data:
+        forget_rows = load_records(halo_args.forget_data, halo_args.forget_split, halo_args.forget_data_config,
+                                   halo_args.max_forget_samples)
+
+    cls = trainer_class(distill)
+    kwargs = dict(model=model, args=training_args, train_dataset=train_ds, eval_dataset=eval_ds,
+                  processing_class=tok, peft_config=get_peft_config(model_args),
+                  callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
+                  halo_callback_kwargs=halo_args.callback_kwargs(seed=training_args.seed))
+    if distill:
+        kwargs["teacher_model"] = training_args.teacher_model_name_or_path
+    trainer = cls(**kwargs)
+
+    def forget_loss():
+        if not forget_rows:
+            return None
+        return completion_loss(trainer.model, tok, forget_rows, max_length=halo_args.forget_max_length,
+                               batch_size=training_args.per_device_eval_batch_size)
+
+    forget_before = forget_loss()
+    start = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=_resume_arg(training_args.resume_from_checkpoint))
+    wall = time.perf_counter() - start
+    trainer.save_model()
+    forget_after = forget_loss()
+    final_eval = trainer.evaluate() if eval_ds is not None else {}
+
+    if is_main:
+        summary = {
+            "mode": "distillation" if distill else "sft",
+            "halo_method": halo_args.halo_method,
+            "model": model_path,
+            "teacher": training_args.teacher_model_name_or_path if distill else None,
+            "global_step": trainer.state.global_step,
+            "train_loss": result.training_loss,
+            "eval_loss": final_eval.get("eval_loss"),
+            "forget_loss_before": forget_before,
+            "forget_loss_after": forget_after,
+            "forgetting": (forget_after - forget_before) if forget_rows else None,
+            "peak_optimizer_state_mb": max(trainer.halo.optimizer_bytes, default=0) / 2**20,
+            "train_wall_s": wall,
+        }
+        (out / "halo_results.json").write_text(json.dumps(summary, indent=2) + "\n")
+        png = plot_metrics_file(out / "metrics.jsonl", out / "loss_curve.png",
+                                title=f"{summary['mode']} / {halo_args.halo_method}")
+        for k in ("train_loss", "eval_loss", "forgetting", "peak_optimizer_state_mb"):
+            if summary[k] is not None:
+                print(f"[halo] {k}: {summary[k]:.4f}", flush=True)
+        print(f"[halo] results: {(out / 'halo_results.json').resolve()}"
+              + (f"; loss curve: {png.resolve()}" if png else ""), flush=True)
+    return 0

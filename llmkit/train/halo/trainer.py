@@ -1,0 +1,113 @@
+"""HALO on any HF/TRL trainer: one callback, plus a mixin that wires it in and logs its state.
+
+The callback drives a ``HaloController`` from the Trainer's own events:
+``on_step_begin`` (freeze lambda = 0 units before the forward pass),
+``on_pre_optimizer_step`` / ``on_optimizer_step`` (scale the update). The
+schedule is a pure function of ``state.global_step``, so a run resumed from a
+checkpoint continues on the same path. The optimizer the Trainer builds
+already holds every trainable parameter (nothing is frozen when it is
+created), which is what lets units join later.
+
+``HaloSFTTrainer`` (SFT) and ``HaloGKDTrainer`` (knowledge distillation: TRL's
+GKD with ``lmbda=0`` is off-policy KD on the dataset's completions) are the
+same mixin over two TRL trainers.
+"""
+
+from __future__ import annotations
+
+from transformers import TrainerCallback
+
+from llmkit.train.halo.controller import HaloController, optimizer_state_bytes
+from llmkit.train.halo.schedule import Schedule, homotopy_t
+from llmkit.train.halo.units import layer_units
+
+
+class HaloCallback(TrainerCallback):
+    def __init__(self, method: str = "halo", homotopy_fraction: float = 0.5, ramp_width: float = 0.25,
+                 initial_units: int = 1, lisa_layers: int = 2, lisa_interval: int = 5,
+                 skip_frozen_backward: bool = True, seed: int = 0):
+        self.schedule_kwargs = dict(method=method, homotopy_fraction=homotopy_fraction, ramp_width=ramp_width,
+                                    initial_units=initial_units, lisa_layers=lisa_layers,
+                                    lisa_interval=lisa_interval, seed=seed)
+        self.skip_frozen_backward = skip_frozen_backward
+        self.controller: HaloController | None = None
+        self.t = 0.0
+        self.optimizer_bytes: list[int] = []  # after each optimizer step
+
+    def on_train_begin(self, args, state, control, model=None, **kw):
+        units = layer_units(model)
+        if not units:
+            raise ValueError("HALO found no trainable parameter in the model")
+        if getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
+            raise ValueError("HALO scales per-parameter updates and needs unsharded parameters: "
+                             "run it with DDP (accelerate's default) rather than DeepSpeed or FSDP")
+        schedule = Schedule(num_units=len(units), **self.schedule_kwargs)
+        # DDP's reducer expects a gradient for every parameter it registered; freezing mid-run breaks it.
+        skip = self.skip_frozen_backward and args.world_size == 1
+        self.controller = HaloController(units, schedule, state.max_steps, skip_frozen_backward=skip)
+        if skip and args.gradient_checkpointing:
+            # reentrant checkpointing yields no parameter grads when the block input does not require grad
+            model.enable_input_require_grads()
+
+    def on_step_begin(self, args, state, control, **kw):
+        self.t = homotopy_t(state.global_step, state.max_steps, self.controller.schedule.homotopy_fraction)
+        self.controller.before_forward(state.global_step)
+
+    def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kw):
+        self.controller.before_step(state.global_step, optimizer)
+
+    def on_optimizer_step(self, args, state, control, optimizer=None, **kw):
+        self.controller.after_step(optimizer)
+        self.optimizer_bytes.append(optimizer_state_bytes(optimizer))
+
+    def on_train_end(self, args, state, control, **kw):
+        if self.controller is not None:
+            self.controller.restore_requires_grad()
+
+    def stats(self) -> dict[str, float]:
+        if self.controller is None:
+            return {}
+        out = {"halo_t": self.t, **self.controller.stats()}
+        if self.optimizer_bytes:
+            out["optimizer_state_mb"] = self.optimizer_bytes[-1] / 2**20
+        return out
+
+
+class HaloTrainerMixin:
+    """Adds a ``HaloCallback`` (built from ``halo_callback_kwargs``) and logs its state with the losses."""
+
+    def __init__(self, *args, halo_callback_kwargs: dict | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.halo = HaloCallback(**(halo_callback_kwargs or {}))
+        self.add_callback(self.halo)
+
+    def log(self, logs, *args, **kwargs):
+        if "loss" in logs:  # training logs only; eval logs stay the trainer's own
+            logs.update(self.halo.stats())
+        return super().log(logs, *args, **kwargs)
+
+
+def _sft_trainer():
+    from trl import SFTTrainer
+
+    class HaloSFTTrainer(HaloTrainerMixin, SFTTrainer):
+        pass
+
+    return HaloSFTTrainer
+
+
+def _gkd_trainer():
+    import warnings
+
+    with warnings.catch_warnings():  # TRL marks its experimental package with a warning on import
+        warnings.simplefilter("ignore")
+        from trl.experimental.gkd import GKDTrainer
+
+    class HaloGKDTrainer(HaloTrainerMixin, GKDTrainer):
+        pass
+
+    return HaloGKDTrainer
+
+
+def trainer_class(distill: bool):
+    return _gkd_trainer() if distill else _sft_trainer()
