@@ -1,0 +1,198 @@
+"""InQuant quantize-and-pack / unpack-and-dequantize: PyTorch references and Triton kernels.
+
+Paper: "InQuant" (../shared/seeds/004_ead6308da16bc4ed.txt): a 4-bit packed KV cache in which
+salient outlier channels keep 8 bits by borrowing the 4-bit slot of a low-saliency neighbour.
+
+Layout (one quantization group = ``G`` consecutive tokens of one (row, kv-head); statistics are
+per channel over those tokens, as KIVI does for keys):
+
+- ``packed[..., t, j]`` (uint8) holds channel ``2j`` in the low nibble and ``2j+1`` in the high
+  nibble, so the physical data is exactly ``D/2`` bytes per token whatever the outliers are.
+- Every channel has a role (per kv-head, from the descriptor): NORMAL channels store a 4-bit
+  asymmetric code; an OUTLIER channel stores the low nibble of an 8-bit code in its own slot and
+  the high nibble in its DONOR's slot; the donor's own value is not stored, it is approximated by
+  its per-group mean (kept in the donor's ``zero`` entry with ``scale = 0``, so the generic
+  ``code * scale + zero`` dequantization gives the mean without a special case).
+- ``scale``/``zero`` are fp16, one pair per (group, channel): 4 bytes per ``G`` elements.
+  Codes are computed against the fp16-rounded parameters so the stored parameters are the ones
+  the error bound refers to.
+
+Rounding is ``floor(v + 0.5)`` in both implementations (not torch's half-to-even) so the Triton
+kernels and the references agree bit for bit under ``TRITON_INTERPRET=1``.
+
+The CPU path uses the references; ``backend="triton"`` (default on CUDA tensors) uses the kernels.
+Triton is imported lazily inside the functions that launch kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NORMAL, OUTLIER, DONOR = 0, 1, 2
+QMAX4, QMAX8 = 15.0, 255.0
+
+
+# ----------------------------------------------------------------------------- references
+
+
+def _fp16_round(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float16).to(torch.float32)
+
+
+def channel_params(x: torch.Tensor, role: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel (scale, zero) over dim -2 of ``x [N, H, G, D]``, as fp16-representable float32."""
+    x = x.float()
+    mn, mx, mean = x.amin(-2), x.amax(-2), x.mean(-2)
+    r = role.to(x.device)[None]
+    qmax = torch.where(r == OUTLIER, QMAX8, QMAX4)
+    zero = _fp16_round(mn)
+    scale = _fp16_round((mx - zero) / qmax)
+    donor = r == DONOR
+    return torch.where(donor, 0.0, scale), torch.where(donor, _fp16_round(mean), zero)
+
+
+def quantize_pack_ref(x: torch.Tensor, role: torch.Tensor, partner: torch.Tensor):
+    """Quantize one group per (row, head): ``x [N, H, G, D]`` -> packed ``[N, H, G, D/2]`` uint8,
+    scale/zero ``[N, H, D]`` fp16. ``role [H, D]`` and ``partner [H, D]`` come from the descriptor
+    (``partner[h, c]`` is the donor of outlier ``c`` and the outlier of donor ``c``)."""
+    x = x.float()
+    scale, zero = channel_params(x, role)
+    r = role.to(x.device)[None, :, None, :]
+    qmax = torch.where(r == OUTLIER, QMAX8, QMAX4)
+    safe = torch.where(scale > 0, scale, 1.0)[:, :, None, :]
+    q = torch.floor((x - zero[:, :, None, :]) / safe + 0.5).clamp_(min=0.0)
+    q = torch.minimum(q, qmax).to(torch.int32)
+    idx = partner.to(x.device).long()[None, :, None, :].expand_as(q)
+    q_partner = q.gather(-1, idx)
+    slot = torch.where(r == OUTLIER, q & 15, q)
+    slot = torch.where(r == DONOR, q_partner >> 4, slot)
+    packed = (slot[..., 0::2] | (slot[..., 1::2] << 4)).to(torch.uint8)
+    return packed, scale.to(torch.float16), zero.to(torch.float16)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """``[..., D/2]`` uint8 -> ``[..., D]`` int32 nibble codes (channel 2j = low nibble)."""
+    p = packed.to(torch.int32)
+    return torch.stack((p & 15, p >> 4), dim=-1).flatten(-2)
+
+
+def dequant_unpack_ref(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                       group_lens: list[int], outliers: torch.Tensor, donors: torch.Tensor,
+                       dtype=torch.float32) -> torch.Tensor:
+    """Dequantize ``packed [N, H, T, D/2]`` with per-group ``scale/zero [N, H, n_groups, D]``.
+
+    ``outliers``/``donors`` ``[H, k]`` (from the descriptor) say where to rebuild 8-bit codes:
+    only those ``k`` channels per head are touched after the generic 4-bit pass.
+    """
+    N, H, T, _ = packed.shape
+    nib = unpack_nibbles(packed)
+    D = nib.shape[-1]
+    s, z = scale.float(), zero.float()
+    if len(set(group_lens)) <= 1 and group_lens:
+        G = group_lens[0]
+        x = (nib.view(N, H, len(group_lens), G, D).float() * s[:, :, :, None, :] + z[:, :, :, None, :])
+        x = x.view(N, H, T, D)
+    else:
+        tok_group = torch.repeat_interleave(torch.arange(len(group_lens), device=packed.device),
+                                            torch.tensor(group_lens, device=packed.device))
+        s_t, z_t = s.index_select(2, tok_group), z.index_select(2, tok_group)
+        x = nib.float() * s_t + z_t
+    k = outliers.shape[-1]
+    if k:
+        oi = outliers.to(packed.device).long()[None, :, None, :].expand(N, H, T, k)
+        di = donors.to(packed.device).long()[None, :, None, :].expand(N, H, T, k)
+        q8 = (nib.gather(-1, oi) | (nib.gather(-1, di) << 4)).float()
+        if len(set(group_lens)) <= 1:
+            G = group_lens[0]
+            so = s.gather(-1, oi[:, :, :len(group_lens)])[:, :, :, None, :]
+            zo = z.gather(-1, oi[:, :, :len(group_lens)])[:, :, :, None, :]
+            xo = (q8.view(N, H, len(group_lens), G, k) * so + zo).view(N, H, T, k)
+        else:
+            xo = q8 * s_t.gather(-1, oi) + z_t.gather(-1, oi)
+        x.scatter_(-1, oi, xo)
+    return x.to(dtype)
+
+
+# ----------------------------------------------------------------------------- descriptor maps
+
+
+def role_maps(outliers: torch.Tensor, donors: torch.Tensor, head_dim: int):
+    """Descriptor-guided marker recovery: from the compact descriptor (outlier ids + donor ids per
+    head) rebuild the per-slot markers (role) and the partner of every marked slot."""
+    H, k = outliers.shape
+    role = torch.zeros(H, head_dim, dtype=torch.int32, device=outliers.device)
+    partner = torch.arange(head_dim, device=outliers.device).repeat(H, 1)
+    if k:
+        o, d = outliers.long(), donors.long()
+        role.scatter_(1, o, OUTLIER)
+        role.scatter_(1, d, DONOR)
+        partner.scatter_(1, o, d)
+        partner.scatter_(1, d, o)
+    return role, partner
+
+
+# ----------------------------------------------------------------------------- triton
+
+
+def _kernels():
+    """The Triton module, imported on first use (keeps ``import triton`` out of module import)."""
+    import triton
+
+    from llmkit.kernels import kv_quant_triton as k
+
+    return triton, k.quant_kernel, k.dequant_kernel
+
+
+def quantize_pack_triton(x: torch.Tensor, role: torch.Tensor, partner: torch.Tensor):
+    """Triton version of :func:`quantize_pack_ref` (same arguments, same outputs)."""
+    triton, quant_kernel, _ = _kernels()
+    N, H, G, D = x.shape
+    x = x.float().contiguous()
+    packed = torch.empty(N, H, G, D // 2, dtype=torch.uint8, device=x.device)
+    scale = torch.empty(N, H, D, dtype=torch.float16, device=x.device)
+    zero = torch.empty_like(scale)
+    quant_kernel[(N * H,)](x, role.to(x.device, torch.int32).contiguous(),
+                           partner.to(x.device, torch.int32).contiguous(), packed, scale, zero,
+                           H, G, D=D, HALF=D // 2, BG=triton.next_power_of_2(G))
+    return packed, scale, zero
+
+
+def dequant_unpack_triton(packed, scale, zero, group_lens, outliers, donors, dtype=torch.float32):
+    """Triton version of :func:`dequant_unpack_ref`."""
+    triton, _, dequant_kernel = _kernels()
+    N, H, T, HALF = packed.shape
+    D = 2 * HALF
+    role, partner = role_maps(outliers.to(packed.device), donors.to(packed.device), D)
+    tok_group = torch.repeat_interleave(torch.arange(len(group_lens), device=packed.device),
+                                        torch.tensor(group_lens, device=packed.device)).to(torch.int32)
+    out = torch.empty(N, H, T, D, dtype=torch.float32, device=packed.device)
+    BT = 16
+    dequant_kernel[(N * H, triton.cdiv(T, BT))](
+        packed.contiguous(), scale.contiguous(), zero.contiguous(), tok_group,
+        role.to(torch.int32).contiguous(), partner.to(torch.int32).contiguous(), out,
+        H, T, scale.shape[2], D=D, HALF=HALF, BT=BT)
+    return out.to(dtype)
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+
+def _use_triton(t: torch.Tensor, backend: str) -> bool:
+    if backend == "auto":
+        return t.is_cuda
+    if backend not in ("torch", "triton"):
+        raise ValueError(f"unknown kernel backend {backend!r}; choose auto, torch or triton")
+    return backend == "triton"
+
+
+def quantize_pack(x, role, partner, backend: str = "auto"):
+    if _use_triton(x, backend):
+        return quantize_pack_triton(x, role, partner)
+    return quantize_pack_ref(x, role, partner)
+
+
+def dequant_unpack(packed, scale, zero, group_lens, outliers, donors, dtype=torch.float32,
+                   backend: str = "auto"):
+    if _use_triton(packed, backend):
+        return dequant_unpack_triton(packed, scale, zero, group_lens, outliers, donors, dtype)
+    return dequant_unpack_ref(packed, scale, zero, group_lens, outliers, donors, dtype)

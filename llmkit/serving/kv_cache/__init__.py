@@ -1,0 +1,103 @@
+"""Quantized KV caches for transformers ``generate``: InQuant and its baselines.
+
+``InQuantCache(model.config)`` (InQuant, ../shared/seeds/004_ead6308da16bc4ed.txt), ``KIVICache``
+(uniform 4-bit) and ``OutlierBufferCache`` (dense-and-sparse, KVQuant-style) are transformers
+``Cache`` objects: pass one as ``past_key_values=`` to ``model.generate``. ``cache_factory(name)``
+gives the serving engine a ``(model) -> Cache`` callable per name (``None`` = transformers' default
+dynamic cache). ``cache.nbytes()`` reports the bytes each cache actually holds.
+"""
+
+from __future__ import annotations
+
+from transformers.cache_utils import Cache
+
+from llmkit.serving.kv_cache.inquant import (  # noqa: F401
+    Descriptor,
+    assign_donors,
+    estimate_descriptor,
+    sample_saliency,
+    select_outliers,
+)
+from llmkit.serving.kv_cache.layers import InQuantLayer, KIVILayer, OutlierBufferLayer
+
+DEFAULT_NAMES = ("none", "bf16", "dynamic")
+
+
+def _num_layers(config) -> int:
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    if kinds - {"full_attention"}:
+        raise ValueError(f"quantized KV caches support full-attention layers only, got {sorted(kinds)}")
+    return text.num_hidden_layers
+
+
+class QuantizedKVCache(Cache):
+    """A ``Cache`` of windowed quantized layers, with memory accounting and ``flush``."""
+
+    def __init__(self, config, layer_fn):
+        super().__init__(layers=[layer_fn() for _ in range(_num_layers(config))])
+
+    def flush(self) -> None:
+        """Quantize every layer's full-precision window now."""
+        for layer in self.layers:
+            layer.flush()
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes held, by kind (packed, scales, descriptors, outliers, window) plus ``total``."""
+        out: dict[str, int] = {}
+        for layer in self.layers:
+            for k, v in layer.nbytes().items():
+                out[k] = out.get(k, 0) + v
+        out["total"] = sum(out.values())
+        return out
+
+    def bf16_nbytes(self) -> int:
+        """What a bf16 cache would hold for the same tokens (2 bytes per K and V element)."""
+        total = 0
+        for layer in self.layers:
+            if layer.is_initialized:
+                B, H, _, D = layer.keys.shape
+                total += 2 * 2 * B * H * D * layer.get_seq_length()
+        return total
+
+
+class InQuantCache(QuantizedKVCache):
+    """InQuant 4-bit packed cache with in-place 8-bit outlier channels (see ``inquant.py``)."""
+
+    def __init__(self, config, group_size: int = 128, n_outliers: int = 4, max_stride: int = 4,
+                 n_samples: int = 64, seed: int = 0, backend: str = "auto"):
+        super().__init__(config, lambda: InQuantLayer(group_size, n_outliers, max_stride, n_samples,
+                                                      seed, backend))
+
+
+class KIVICache(QuantizedKVCache):
+    """KIVI-style uniform 4-bit cache (keys per channel, values per token)."""
+
+    def __init__(self, config, group_size: int = 128):
+        super().__init__(config, lambda: KIVILayer(group_size))
+
+
+class OutlierBufferCache(QuantizedKVCache):
+    """Dense-and-sparse 4-bit cache with a separate fp16 outlier buffer (KVQuant-style)."""
+
+    def __init__(self, config, group_size: int = 128, outlier_frac: float = 0.01):
+        super().__init__(config, lambda: OutlierBufferLayer(group_size, outlier_frac))
+
+
+CACHES = {"inquant": InQuantCache, "kivi": KIVICache, "outlier-buffer": OutlierBufferCache}
+
+
+def cache_factory(name: str | None, **kwargs):
+    """``(model) -> Cache`` for a quantized cache name, or ``None`` for transformers' default cache."""
+    if name is None or name.lower() in DEFAULT_NAMES:
+        return None
+    key = name.lower()
+    if key not in CACHES:
+        choices = ", ".join([*CACHES, *DEFAULT_NAMES])
+        raise ValueError(f"unknown KV cache {name!r}; choose one of: {choices}")
+    cls = CACHES[key]
+    return lambda model: cls(model.config, **kwargs)
+
+
+__all__ = ["InQuantCache", "KIVICache", "OutlierBufferCache", "QuantizedKVCache", "cache_factory", "CACHES",
+           "Descriptor", "estimate_descriptor", "sample_saliency", "select_outliers", "assign_donors"]

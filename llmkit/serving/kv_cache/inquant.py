@@ -1,0 +1,115 @@
+"""InQuant's method pieces: sampling-based channel saliency, neighbour-slot donors, descriptors.
+
+Paper: "InQuant: in-place mixed-precision KV-cache quantization" (../shared/seeds/004_ead6308da16bc4ed.txt).
+The packed format and the kernels live in ``llmkit.kernels.kv_quant``; this module decides, per
+layer and kv-head, which channels are outliers (8-bit) and whose 4-bit slot each one borrows.
+
+Algorithm (per layer, separately for keys and values, once, on the first chunk that is quantized):
+
+1. Saliency by sampling: draw ``n_samples`` token positions at random (seeded) and take each
+   channel's range (max - min) over them. The range is what sets a channel's 4-bit step (its
+   quantization error) and bounds the error of approximating it by its mean (the donor's cost),
+   so one number ranks both ends.
+2. Outliers: the ``k`` channels of highest saliency per kv-head.
+3. Neighbour-slot reuse: each outlier, most salient first, takes as donor the lowest-saliency free
+   channel within ``max_stride`` positions of it (nearest wins ties). The donor's slot stores the
+   outlier's high nibble; the donor itself is approximated by its per-group mean (stored in its
+   zero-point, scale 0).
+4. Adjacent outliers: when the immediate neighbours are outliers or already lend their slot, the
+   search widens stride by stride (±1, ±2, ... ±max_stride); only if the whole window is taken
+   does it fall back to the lowest-saliency free channel of the head.
+5. Descriptor: per head, the outlier ids (uint8) and signed donor offsets (int8), ``2k`` bytes.
+   At dequantization the per-slot markers (role of each slot, partner of each marked slot) are
+   recovered from it (``llmkit.kernels.kv_quant.role_maps``).
+
+Deviations from the paper (we only have its abstract): the saliency statistic (sampled range), the
+donor approximation (group mean), the donor search rule and the descriptor encoding are our
+choices; saliency is estimated once per cache from the first quantized chunk rather than from an
+offline calibration set, so nothing needs calibrating before serving.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def sample_saliency(x: torch.Tensor, n_samples: int = 64, seed: int = 0) -> torch.Tensor:
+    """Per-(head, channel) saliency ``[H, D]`` from ``n_samples`` random token positions of
+    ``x [B, H, T, D]``: the channel's range over the sampled tokens (all rows of the batch)."""
+    T = x.shape[-2]
+    if T > n_samples:
+        g = torch.Generator().manual_seed(seed)
+        idx = torch.randperm(T, generator=g)[:n_samples].sort().values.to(x.device)
+        x = x.index_select(-2, idx)
+    x = x.float()
+    return (x.amax(dim=(0, 2)) - x.amin(dim=(0, 2)))
+
+
+def select_outliers(saliency: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` most salient channels per head, ``[H, k]`` (sorted by channel id)."""
+    if k == 0:
+        return torch.zeros(saliency.shape[0], 0, dtype=torch.long, device=saliency.device)
+    return saliency.topk(k, dim=-1).indices.sort(dim=-1).values
+
+
+def assign_donors(saliency: torch.Tensor, outliers: torch.Tensor, max_stride: int = 4) -> torch.Tensor:
+    """A donor channel per outlier, ``[H, k]``: the lowest-saliency free channel within
+    ``max_stride`` of the outlier (nearer stride wins ties); no channel lends twice, no outlier lends."""
+    H, D = saliency.shape
+    sal = saliency.detach().float().cpu()
+    out = outliers.cpu()
+    donors = torch.empty_like(out)
+    for h in range(H):
+        taken = set(out[h].tolist())
+        order = sorted(range(out.shape[1]), key=lambda i: -sal[h, out[h, i]].item())
+        for i in order:
+            c = int(out[h, i])
+            window = [c + s * sign for s in range(1, max_stride + 1) for sign in (-1, 1)]
+            cands = [d for d in window if 0 <= d < D and d not in taken]
+            if not cands:  # a run of outliers wider than the stride window
+                cands = [d for d in range(D) if d not in taken]
+            # min over (saliency, distance): the least salient neighbour, the nearest on ties
+            d = min(cands, key=lambda d: (sal[h, d].item(), abs(d - c)))
+            donors[h, i] = d
+            taken.add(d)
+    return donors.to(outliers.device)
+
+
+@dataclass
+class Descriptor:
+    """Compact per-head slot descriptor: outlier channel ids and signed offsets to their donors."""
+
+    outliers: torch.Tensor  # uint8 [H, k]
+    offsets: torch.Tensor  # int8 [H, k]
+
+    @classmethod
+    def build(cls, outliers: torch.Tensor, donors: torch.Tensor) -> "Descriptor":
+        off = donors.long() - outliers.long()
+        if off.numel() and (off.abs().max() > 127 or outliers.max() > 255):
+            raise ValueError("descriptor needs head_dim <= 256 and donor offsets within int8")
+        return cls(outliers.to(torch.uint8), off.to(torch.int8))
+
+    @property
+    def outlier_ids(self) -> torch.Tensor:
+        return self.outliers.long()
+
+    @property
+    def donor_ids(self) -> torch.Tensor:
+        return self.outliers.long() + self.offsets.long()
+
+    @property
+    def nbytes(self) -> int:
+        return self.outliers.numel() * self.outliers.element_size() + self.offsets.numel() * self.offsets.element_size()
+
+    def index_select_heads(self, heads):
+        return Descriptor(self.outliers[heads], self.offsets[heads])
+
+
+def estimate_descriptor(x: torch.Tensor, n_outliers: int = 4, max_stride: int = 4,
+                        n_samples: int = 64, seed: int = 0) -> Descriptor:
+    """Steps 1-5 on ``x [B, H, T, D]``."""
+    sal = sample_saliency(x, n_samples=n_samples, seed=seed)
+    out = select_outliers(sal, n_outliers)
+    return Descriptor.build(out, assign_donors(sal, out, max_stride=max_stride))

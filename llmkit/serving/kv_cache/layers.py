@@ -1,0 +1,238 @@
+"""Cache layers (transformers' ``CacheLayerMixin`` API) for InQuant and the baselines.
+
+All three share one storage policy (``_WindowedQuantLayer``): the newest tokens wait in a small
+full-precision window; each time it holds ``group_size`` tokens the full chunk is quantized and
+*appended* to the packed store. Old chunks are never re-quantized (unlike transformers'
+``QuantizedLayer``, which re-quantizes the whole sequence whenever its residual window fills).
+``flush()`` quantizes whatever the window holds as one (shorter) group.
+
+``update`` returns the dequantized store, then the window, then the new states in full precision:
+the tokens of the current forward pass attend to each other unquantized (as in KIVI), every
+earlier token is read back from the quantized store once it has been flushed.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from llmkit.kernels.kv_quant import dequant_unpack, quantize_pack, role_maps
+from llmkit.serving.kv_cache import baselines as bl
+from llmkit.serving.kv_cache.inquant import Descriptor, estimate_descriptor
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+class _WindowedQuantLayer(DynamicLayer):
+    is_croppable = False
+
+    def __init__(self, group_size: int = 128):
+        super().__init__()
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        self.group_size = group_size
+        self._clear()
+
+    def _clear(self):
+        self.store: dict[str, dict[str, torch.Tensor]] = {"k": {}, "v": {}}
+        self.group_lens: list[int] = []
+        self.n_packed = 0
+
+    # -- subclass hooks ----------------------------------------------------------------------
+    def _quantize(self, x: torch.Tensor, which: str, G: int) -> dict[str, torch.Tensor]:
+        """Quantize ``x [B, H, n*G, D]`` as ``n`` groups of ``G`` tokens; tensors concat on dim 2."""
+        raise NotImplementedError
+
+    def _dequantize(self, which: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _meta_nbytes(self) -> int:
+        return 0
+
+    # -- storage -------------------------------------------------------------------------------
+    def _append(self, k: torch.Tensor, v: torch.Tensor, G: int):
+        n = k.shape[-2]
+        for which, x in (("k", k), ("v", v)):
+            new = self._quantize(x, which, G)
+            old = self.store[which]
+            self.store[which] = {name: torch.cat([old[name], t], dim=2) if name in old else t
+                                 for name, t in new.items()}
+        self.group_lens += [G] * (n // G)
+        self.n_packed += n
+
+    def _drain(self, all_of_it: bool = False):
+        w = self.keys.shape[-2]
+        n = w if all_of_it else (w // self.group_size) * self.group_size
+        if n == 0:
+            return
+        G = n if all_of_it else self.group_size
+        self._append(self.keys[..., :n, :], self.values[..., :n, :], G)
+        self.keys = self.keys[..., n:, :].clone()
+        self.values = self.values[..., n:, :].clone()
+
+    def flush(self):
+        """Quantize the full-precision window now (as one group of its current length)."""
+        if self.is_initialized and self.keys.shape[-2]:
+            self._drain(all_of_it=True)
+
+    # -- CacheLayerMixin -------------------------------------------------------------------------
+    def lazy_initialization(self, key_states, value_states):
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = key_states[..., :0, :].clone()
+        self.values = value_states[..., :0, :].clone()
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        parts_k, parts_v = [self.keys, key_states], [self.values, value_states]
+        if self.n_packed:
+            parts_k.insert(0, self._dequantize("k").to(key_states.dtype))
+            parts_v.insert(0, self._dequantize("v").to(value_states.dtype))
+        keys_out, values_out = torch.cat(parts_k, dim=-2), torch.cat(parts_v, dim=-2)
+        self.keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        self._drain()
+        return keys_out, values_out
+
+    def get_seq_length(self) -> int:
+        if not self.is_initialized:
+            return 0
+        return self.n_packed + self.keys.shape[-2]
+
+    def reset(self) -> None:
+        super().reset()
+        self._clear()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot crop: packed groups are not split")
+
+    def _map_batch(self, fn):
+        for which in ("k", "v"):
+            self.store[which] = {name: fn(t) for name, t in self.store[which].items()}
+        if self.is_initialized:
+            self.keys, self.values = fn(self.keys), fn(self.values)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        # exact: rows are permuted in packed form, nothing is re-quantized
+        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map_batch(lambda t: t[indices, ...])
+
+    # -- memory accounting ---------------------------------------------------------------------
+    def nbytes(self) -> dict[str, int]:
+        """Bytes this layer holds, by kind: packed codes, scales/zero-points, descriptors, the
+        outlier buffer (baseline only) and the full-precision window."""
+        out = {"packed": 0, "scales": 0, "outliers": 0}
+        for which in ("k", "v"):
+            for name, t in self.store[which].items():
+                kind = "packed" if name == "packed" else ("outliers" if name.startswith("sparse") else "scales")
+                out[kind] += _nbytes(t)
+        out["descriptors"] = self._meta_nbytes()
+        out["window"] = _nbytes(self.keys) + _nbytes(self.values) if self.is_initialized else 0
+        return out
+
+
+class InQuantLayer(_WindowedQuantLayer):
+    """InQuant: keys and values per channel over ``group_size`` tokens, ``n_outliers`` 8-bit
+    channels per kv-head stored in place through donor slots (see ``inquant.py``)."""
+
+    def __init__(self, group_size: int = 128, n_outliers: int = 4, max_stride: int = 4,
+                 n_samples: int = 64, seed: int = 0, backend: str = "auto"):
+        self.n_outliers, self.max_stride, self.n_samples = n_outliers, max_stride, n_samples
+        self.seed, self.backend = seed, backend
+        super().__init__(group_size)
+
+    def _clear(self):
+        super()._clear()
+        self.descriptors: dict[str, Descriptor] = {}
+        self._maps: dict[str, tuple] = {}
+
+    def _quantize(self, x, which, G):
+        B, H, n, D = x.shape
+        if which not in self.descriptors:
+            d = estimate_descriptor(x, self.n_outliers, self.max_stride, self.n_samples, self.seed)
+            self.descriptors[which] = d
+        d = self.descriptors[which]
+        role, partner = role_maps(d.outlier_ids.to(x.device), d.donor_ids.to(x.device), D)
+        m = n // G
+        groups = x.reshape(B, H, m, G, D).transpose(1, 2).reshape(B * m, H, G, D)
+        packed, scale, zero = quantize_pack(groups, role, partner, backend=self.backend)
+        return {
+            "packed": packed.view(B, m, H, G, D // 2).transpose(1, 2).reshape(B, H, n, D // 2),
+            "scale": scale.view(B, m, H, D).transpose(1, 2),
+            "zero": zero.view(B, m, H, D).transpose(1, 2),
+        }
+
+    def _dequantize(self, which):
+        s, d = self.store[which], self.descriptors[which]
+        return dequant_unpack(s["packed"], s["scale"], s["zero"], self.group_lens,
+                              d.outlier_ids, d.donor_ids, backend=self.backend)
+
+    def _meta_nbytes(self):
+        return sum(d.nbytes for d in self.descriptors.values())
+
+
+class KIVILayer(_WindowedQuantLayer):
+    """Uniform 4-bit: keys per channel over ``group_size`` tokens, values per token."""
+
+    def _quantize(self, x, which, G):
+        B, H, n, D = x.shape
+        if which == "v":
+            packed, scale, zero = bl.quantize_axis(x, axis=-1)
+            return {"packed": packed, "scale": scale[..., 0], "zero": zero[..., 0]}
+        m = n // G
+        packed, scale, zero = bl.quantize_axis(x.reshape(B, H, m, G, D), axis=-2)
+        return {"packed": packed.reshape(B, H, n, D // 2), "scale": scale[:, :, :, 0], "zero": zero[:, :, :, 0]}
+
+    def _dequantize(self, which):
+        s = self.store[which]
+        if which == "v":
+            return bl.dequant_tokens(s["packed"], s["scale"][..., None], s["zero"][..., None])
+        return bl.dequant_channels(s["packed"], s["scale"], s["zero"], self.group_lens)
+
+
+class OutlierBufferLayer(_WindowedQuantLayer):
+    """Dense-and-sparse: KIVI-style dense 4-bit plus the top ``outlier_frac`` entries of every
+    (row, head, chunk) in an fp16 side buffer with int32 positions."""
+
+    def __init__(self, group_size: int = 128, outlier_frac: float = 0.01):
+        self.outlier_frac = outlier_frac
+        super().__init__(group_size)
+
+    def _quantize(self, x, which, G):
+        B, H, n, D = x.shape
+        m = n // G
+        chunks = x.float().reshape(B, H, m, G, D).transpose(1, 2).reshape(B * m, H, G, D)
+        mask, vals, idx = bl.split_outliers(chunks, self.outlier_frac)
+        k = vals.shape[-1]
+        # positions become global within the row's sequence: chunk start * D + local position
+        start = (self.n_packed + torch.arange(m, device=x.device) * G) * D
+        idx = idx.view(B, m, H, k) + start.view(1, m, 1, 1).to(torch.int32)
+        vals, idx = vals.view(B, m, H, k).transpose(1, 2).reshape(B, H, m * k), idx.transpose(1, 2).reshape(B, H, m * k)
+        mask = mask.view(B, m, H, G, D).transpose(1, 2).reshape(B, H, n, D)
+        if which == "v":
+            packed, scale, zero = bl.quantize_axis(x, axis=-1, mask=mask)
+            out = {"packed": packed, "scale": scale[..., 0], "zero": zero[..., 0]}
+        else:
+            packed, scale, zero = bl.quantize_axis(x.reshape(B, H, m, G, D), axis=-2,
+                                                   mask=mask.view(B, H, m, G, D))
+            out = {"packed": packed.reshape(B, H, n, D // 2), "scale": scale[:, :, :, 0], "zero": zero[:, :, :, 0]}
+        out["sparse_vals"], out["sparse_idx"] = vals.contiguous(), idx.contiguous()
+        return out
+
+    def _dequantize(self, which):
+        s = self.store[which]
+        if which == "v":
+            x = bl.dequant_tokens(s["packed"], s["scale"][..., None], s["zero"][..., None])
+        else:
+            x = bl.dequant_channels(s["packed"], s["scale"], s["zero"], self.group_lens)
+        B, H, T, D = x.shape
+        x = x.reshape(B, H, T * D).scatter_(-1, s["sparse_idx"].long(), s["sparse_vals"].float())
+        return x.view(B, H, T, D)
