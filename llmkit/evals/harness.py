@@ -62,7 +62,7 @@ def run_eval(task, engine=None, *, data=None, limit: int | None = None, num_fews
             prompts = [None] * len(samples)
             outputs = [[task_obj.gold_output(s)] for s in samples]
         else:
-            prompts = [engine.chat_prompt(task_obj.build_prompt(s, num_fewshot)) for s in samples]
+            prompts = [task_obj.render(engine, s, num_fewshot) for s in samples]
             g0 = time.perf_counter()
             comps = engine.generate(prompts, params, n=n, progress=progress)
             gen_s = time.perf_counter() - g0
@@ -78,14 +78,16 @@ def run_eval(task, engine=None, *, data=None, limit: int | None = None, num_fews
     for s, prompt, outs in tqdm(list(zip(samples, prompts, outputs)), desc=f"score[{label}]",
                                 disable=not progress, unit="sample"):
         scores = [task_obj.score(o, s) for o in outs]
-        mean = {m: sum(sc[m] for sc in scores if sc.get(m) is not None) / max(1, sum(sc.get(m) is not None
-                                                                                     for sc in scores))
-                for m in scores[0]}
+        # "_"-prefixed entries are bookkeeping for the task's own aggregation (IHEval), not metrics
+        public = [{k: v for k, v in sc.items() if not k.startswith("_")} for sc in scores]
+        mean = {m: sum(sc[m] for sc in public if sc.get(m) is not None) / max(1, sum(sc.get(m) is not None
+                                                                                     for sc in public))
+                for m in public[0]}
         per_sample.append({**mean, **{k: v for k, v in scores[0].items() if k.startswith("_")}})
         row = {"id": s.get("id", s.get("unique_id", s.get("_source"))), "source": s.get("_source"),
                "prompt": prompt, "output": outs[0] if n == 1 else outs,
                "extracted": task_obj.extract(outs[0]), "gold": _jsonable(task_obj.gold(s)),
-               "score": mean if n == 1 else {"mean": mean, "per_output": scores}}
+               "score": mean if n == 1 else {"mean": mean, "per_output": public}}
         rows.append(row)
     metrics = task_obj.aggregate(per_sample)
     primary = metrics.get(task_obj.primary)
@@ -109,8 +111,11 @@ def run_eval(task, engine=None, *, data=None, limit: int | None = None, num_fews
     if n > 1:
         prim = task_obj.primary
         for k in sorted({1, n}):
-            vals = [pass_at_k(n, sum(sc[prim] >= 1.0 for sc in r["score"]["per_output"]), k) for r in rows]
+            vals = [pass_at_k(n, sum((sc.get(prim) or 0) >= 1.0 for sc in r["score"]["per_output"]), k)
+                    for r in rows]
             summary[f"pass@{k}"] = sum(vals) / len(vals)
+    if hasattr(task_obj, "tables"):
+        summary["tables"] = task_obj.tables(metrics)
     if output_dir is not None:
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -86,6 +86,10 @@ class Task:
         msgs.append({"role": "user", "content": self.user_message(sample)})
         return msgs
 
+    def render(self, engine, sample: dict, num_fewshot: int = 0) -> str:
+        """The prompt string the engine generates from: the chat template applied to ``build_prompt``."""
+        return engine.chat_prompt(self.build_prompt(sample, num_fewshot))
+
     def gold(self, sample: dict) -> str:
         raise NotImplementedError
 
