@@ -94,6 +94,9 @@ class PrivacyLedger:
             if self._mem is None:
                 c.close()
 
+    def _fault(self, stage: str) -> None:
+        """Fault-injection point for crash tests (a no-op in normal use)."""
+
     def _budget_micro(self, c, user: str) -> int:
         row = c.execute("SELECT budget_micro FROM budgets WHERE user=?", (user,)).fetchone()
         return row[0] if row else _down(self.default_budget)
@@ -137,6 +140,7 @@ class PrivacyLedger:
                     raise BudgetExceeded(user, budget / _UNIT, used / _UNIT, micro / _UNIT)
                 cur = c.execute("INSERT INTO charges(user, micro, state, purpose, created) "
                                 "VALUES (?, ?, 'reserved', ?, ?)", (user, micro, purpose, time.time()))
+                self._fault("reserve:before-commit")
                 c.execute("COMMIT")
             except BaseException:
                 c.execute("ROLLBACK")
