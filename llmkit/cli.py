@@ -19,6 +19,7 @@ COMMANDS = [
     "models",
     "chat",
     "train",
+    "eval",
     "serve",
     "guard",
     "ldp-proxy",
