@@ -17,7 +17,9 @@ reproducible. What each one measures:
   "unsure/uncertain" = 0.3, "guess" = 0.2). No statement scores 0. With a statement ``c`` the score is the
   Brier-style ``1 - (c - correct)^2`` where ``correct`` is the task's own grading of the answer
   (GSM8K via ``llmkit.evals``; needs the ``answer`` column): confident and right, or unsure and wrong,
-  scores high. Rate: a confidence statement is present.
+  scores high. Rate: a confidence statement is present. Numeric statements are cut out before grading
+  (``strip_confidence``): GSM8K's flexible extraction takes the last number, which would be the "80%";
+  the VSPO recipe grades task correctness the same way when this behaviour is trained.
 - ``expertise``: explanation expertise: the answer reads like an expert's worked explanation. Counted
   markers: domain vocabulary (equation, variable, substitute, ratio, proportion, rate, total, product,
   quotient, therefore, hence, thus, ...), explicit equations (a ``=`` between quantities), named
@@ -128,11 +130,19 @@ def stated_confidence(text: str) -> float | None:
     return None
 
 
+def strip_confidence(text: str) -> str:
+    """The text without numeric confidence statements, so "Confidence: 80%" is not graded as the answer
+    (GSM8K's flexible extraction takes the last number)."""
+    for pat in _NUMERIC:
+        text = pat.sub(" ", text)
+    return text
+
+
 def confidence_score(text: str, answer: str) -> float:
     c = stated_confidence(text)
     if c is None:
         return 0.0
-    return 1.0 - (c - is_correct(text, answer)) ** 2
+    return 1.0 - (c - is_correct(strip_confidence(text), answer)) ** 2
 
 
 def confidence(completions, answer=None, **kwargs) -> list[float]:
@@ -224,6 +234,7 @@ class Behavior:
     needs_hint: bool = False
 
     def reward(self, **kw) -> Callable:
+        """The reward function; keyword options apply to verbosity (``min_words``, ``max_words``) only."""
         if self.name == "verbosity":
             return make_verbosity(**kw)
         return {"confidence": confidence, "expertise": expertise, "robustness": robustness}[self.name]

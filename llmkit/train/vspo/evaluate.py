@@ -14,7 +14,7 @@ def evaluate(model, tokenizer, rows: list[dict], behavior: str, *, max_new_token
     """
     from llmkit.evals.tasks import get_task
     from llmkit.generation import GenerationParams, chat_prompt, generate
-    from llmkit.rewards.behaviors import get_behavior, word_count
+    from llmkit.rewards.behaviors import get_behavior, strip_confidence, word_count
     from llmkit.steering import Steering
 
     task = get_task(task_name)
@@ -47,10 +47,12 @@ def evaluate(model, tokenizer, rows: list[dict], behavior: str, *, max_new_token
     finally:
         model.train(was_training)
     answers = [r["answer"] for r in rows]
-    acc = [task.score(t, {"question": r["question"], "answer": r["answer"]})[task.primary] for t, r in zip(texts, rows)]
+    graded = [strip_confidence(t) for t in texts] if behavior == "confidence" else texts
+    acc = [task.score(t, {"question": r["question"], "answer": r["answer"]})[task.primary]
+           for t, r in zip(graded, rows)]
     hints = [r.get("hint") for r in rows]
     rates = b.rates(texts, answers=answers, hints=hints, **bkw)
-    reward = b.reward(**bkw) if b.name == "verbosity" else b.reward()
+    reward = b.reward(**bkw)
     scores = reward(completions=texts, answer=answers, hint=hints)
     return {
         "n": len(rows),

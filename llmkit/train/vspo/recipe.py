@@ -57,11 +57,24 @@ def reward_functions(cfg: VSPOConfig) -> tuple[list, list[float]]:
         task = {"gsm8k": gsm8k_correctness, "math": math_correctness}.get(cfg.task_reward)
         if task is None:
             raise ValueError(f"task_reward must be gsm8k, math or none, got '{cfg.task_reward}'")
+        if cfg.behavior == "confidence":
+            task = _graded_without_confidence(task)
         funcs.append(task)
         weights.append(cfg.task_weight)
     funcs.append(get_behavior(cfg.behavior).reward(**behavior_kwargs(cfg)))
     weights.append(cfg.behavior_weight)
     return funcs, weights
+
+
+def _graded_without_confidence(task):
+    """The task reward applied after cutting "Confidence: 80%"-style statements (they would be read as the answer)."""
+    from llmkit.rewards.behaviors import completion_text, strip_confidence
+
+    def wrapped(completions=None, **kw):
+        return task(completions=[strip_confidence(completion_text(c)) for c in completions], **kw)
+
+    wrapped.__name__ = task.__name__
+    return wrapped
 
 
 def steering_vector_for(cfg: VSPOConfig, model, tok, train_rows: list[dict], out: Path):
