@@ -15,7 +15,10 @@ def load_runs(dirs: list[str | Path]) -> dict[str, dict]:
         if not p.is_file():
             raise DataError(f"no summary.json in {d} (is it an `llmkit eval --output` folder?)")
         try:
-            runs[str(d)] = json.loads(p.read_text())
+            name = str(d)
+            while name in runs:  # the same folder twice still gets two columns
+                name += "'"
+            runs[name] = json.loads(p.read_text())
         except json.JSONDecodeError as e:
             raise DataError(f"{p}:{e.lineno}: malformed JSON ({e.msg})") from None
     return runs
