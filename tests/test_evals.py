@@ -169,13 +169,13 @@ def test_hub_load_offline_fails_with_clear_message(monkeypatch):
 
 # ---- harness --------------------------------------------------------------------------------------
 class FakeEngine:
-    """Answers every prompt with a fixed list of outputs; records what it was asked."""
+    """Answers a prompt by the first keyword it contains (n outputs per prompt); records what it was asked."""
 
     name = "fake"
     model_name = "fake-model"
 
-    def __init__(self, outputs):
-        self.outputs = outputs
+    def __init__(self, answers: dict[str, list[str]]):
+        self.answers = answers
         self.calls = []
 
     def chat_prompt(self, messages):
@@ -183,8 +183,15 @@ class FakeEngine:
 
     def generate(self, prompts, params, n=1, progress=False):
         self.calls.append((prompts, params, n))
-        return [[Completion(self.outputs[(i * n + j) % len(self.outputs)], 5, 3, "stop") for j in range(n)]
-                for i in range(len(prompts))]
+        out = []
+        for p in prompts:
+            outs = next(v for k, v in self.answers.items() if k in p)
+            out.append([Completion(outs[j % len(outs)], 5, 3, "stop") for j in range(n)])
+        return out
+
+
+def rows_prompt(summary):
+    return [json.loads(x)["prompt"] for x in Path(summary["samples_file"]).read_text().splitlines()]
 
 
 def test_pass_at_k():
@@ -195,18 +202,21 @@ def test_pass_at_k():
 
 
 def test_run_eval_scores_and_writes_samples(gsm8k_slice, tmp_path):
-    eng = FakeEngine(["#### 72", "#### 11", "The answer is 5.", "624"])
+    eng = FakeEngine({"Natalia": ["#### 72"], "Weng": ["#### 11"], "Betty": ["The answer is 5."], "James": ["624"]})
     s = run_eval("gsm8k", eng, data=gsm8k_slice, output_dir=tmp_path, progress=False, max_new_tokens=9)
     assert s["metrics"] == {"strict_match": 0.25, "flexible_extract": 0.75, "math_verify": 0.75}
     assert s["accuracy"] == 0.75 and s["n"] == 4 and s["engine"] == "fake"
-    assert eng.calls[0][1].max_new_tokens == 9 and "Natalia" in eng.calls[0][0][0]
+    assert eng.calls[0][1].max_new_tokens == 9 and len(eng.calls[0][0]) == 4
+    assert "Natalia" in rows_prompt(s)[0]
     rows = [json.loads(x) for x in Path(s["samples_file"]).read_text().splitlines()]
+    assert [r["output"] for r in rows] == ["#### 72", "#### 11", "The answer is 5.", "624"]  # sample order kept
     assert rows[1]["gold"] == "10" and rows[1]["extracted"]["strict_match"] == "11"
     assert rows[1]["score"]["flexible_extract"] == 0.0
 
 
 def test_run_eval_pass_at_k(gsm8k_slice):
-    eng = FakeEngine(["#### 72", "#### 0"])  # 2 samples per prompt: first prompt has one right answer
+    # 2 samples per prompt: only the first problem has one right answer of two
+    eng = FakeEngine({"Natalia": ["#### 72", "#### 0"], "": ["#### 0"]})
     s = run_eval("gsm8k", eng, data=gsm8k_slice, n=2, temperature=0.7, progress=False)
     assert s["pass@1"] == pytest.approx(0.125) and s["pass@2"] == pytest.approx(0.25)
 

@@ -63,9 +63,15 @@ def run_eval(task, engine=None, *, data=None, limit: int | None = None, num_fews
             outputs = [[task_obj.gold_output(s)] for s in samples]
         else:
             prompts = [task_obj.render(engine, s, num_fewshot) for s in samples]
+            # longest first: batches of similar length waste less padding (hf), and the slowest
+            # prompts start early (vllm); results go back to sample order
+            order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
             g0 = time.perf_counter()
-            comps = engine.generate(prompts, params, n=n, progress=progress)
+            done = engine.generate([prompts[i] for i in order], params, n=n, progress=progress)
             gen_s = time.perf_counter() - g0
+            comps = [None] * len(prompts)
+            for i, c in zip(order, done):
+                comps[i] = c
             gen_tokens = sum(c.completion_tokens for cs in comps for c in cs)
             outputs = [[c.text for c in cs] for cs in comps]
     finally:
