@@ -13,11 +13,15 @@ per channel over those tokens, as KIVI does for keys):
   the high nibble in its DONOR's slot; the donor's own value is not stored, it is approximated by
   its per-group mean (kept in the donor's ``zero`` entry with ``scale = 0``, so the generic
   ``code * scale + zero`` dequantization gives the mean without a special case).
-- ``scale``/``zero`` are fp16, one pair per (group, channel): 4 bytes per ``G`` elements.
-  Codes are computed against the fp16-rounded parameters so the stored parameters are the ones
-  the error bound refers to.
+- ``scale``/``zero`` are bf16, one pair per (group, channel): 4 bytes per ``G`` elements. bf16
+  rather than fp16 so that extreme magnitudes cannot overflow (fp16 stops at 65504). The zero
+  point is rounded *down* to bf16 and the scale is then computed from it and rounded *up*, so
+  ``[zero, zero + qmax * scale]`` always covers the group: nothing clips, the error is at most
+  half a stored step, and bf16's coarse rounding of the zero point is spread over ``qmax`` steps
+  instead of being added to every value.
 
-Rounding is ``floor(v + 0.5)`` in both implementations (not torch's half-to-even) so the Triton
+Parameters are rounded to bf16 with explicit directions (never the cast's own mode, which differs
+between Triton's interpreter and GPUs). Rounding of codes is ``floor(v + 0.5)`` in both implementations (not torch's half-to-even) so the Triton
 kernels and the references agree bit for bit under ``TRITON_INTERPRET=1``.
 
 The CPU path uses the references; ``backend="triton"`` (default on CUDA tensors) uses the kernels.
@@ -35,25 +39,40 @@ QMAX4, QMAX8 = 15.0, 255.0
 # ----------------------------------------------------------------------------- references
 
 
-def _fp16_round(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.float16).to(torch.float32)
+PARAM_DTYPE = torch.bfloat16
+
+
+def round_down(x: torch.Tensor) -> torch.Tensor:
+    """The largest bf16 value <= x, as float32."""
+    r = x.to(PARAM_DTYPE)
+    return torch.where(r.float() > x, torch.nextafter(r, r.new_tensor(-torch.inf)), r).float()
+
+
+def round_up(x: torch.Tensor) -> torch.Tensor:
+    """The smallest bf16 value >= x, as float32."""
+    r = x.to(PARAM_DTYPE)
+    return torch.where(r.float() < x, torch.nextafter(r, r.new_tensor(torch.inf)), r).float()
+
+
+def asym_params(mn: torch.Tensor, mx: torch.Tensor, qmax) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16-representable (scale, zero) with ``zero <= mn`` and ``zero + qmax * scale >= mx``."""
+    zero = round_down(mn)
+    return round_up((mx - zero) / qmax), zero
 
 
 def channel_params(x: torch.Tensor, role: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel (scale, zero) over dim -2 of ``x [N, H, G, D]``, as fp16-representable float32."""
+    """Per-channel (scale, zero) over dim -2 of ``x [N, H, G, D]``, as bf16-representable float32."""
     x = x.float()
-    mn, mx, mean = x.amin(-2), x.amax(-2), x.mean(-2)
+    mn, mx, mean = x.amin(-2), x.amax(-2), x.sum(-2) / x.shape[-2]
     r = role.to(x.device)[None]
-    qmax = torch.where(r == OUTLIER, QMAX8, QMAX4)
-    zero = _fp16_round(mn)
-    scale = _fp16_round((mx - zero) / qmax)
+    scale, zero = asym_params(mn, mx, torch.where(r == OUTLIER, QMAX8, QMAX4))
     donor = r == DONOR
-    return torch.where(donor, 0.0, scale), torch.where(donor, _fp16_round(mean), zero)
+    return torch.where(donor, 0.0, scale), torch.where(donor, round_down(mean), zero)
 
 
 def quantize_pack_ref(x: torch.Tensor, role: torch.Tensor, partner: torch.Tensor):
     """Quantize one group per (row, head): ``x [N, H, G, D]`` -> packed ``[N, H, G, D/2]`` uint8,
-    scale/zero ``[N, H, D]`` fp16. ``role [H, D]`` and ``partner [H, D]`` come from the descriptor
+    scale/zero ``[N, H, D]`` bf16. ``role [H, D]`` and ``partner [H, D]`` come from the descriptor
     (``partner[h, c]`` is the donor of outlier ``c`` and the outlier of donor ``c``)."""
     x = x.float()
     scale, zero = channel_params(x, role)
@@ -67,7 +86,7 @@ def quantize_pack_ref(x: torch.Tensor, role: torch.Tensor, partner: torch.Tensor
     slot = torch.where(r == OUTLIER, q & 15, q)
     slot = torch.where(r == DONOR, q_partner >> 4, slot)
     packed = (slot[..., 0::2] | (slot[..., 1::2] << 4)).to(torch.uint8)
-    return packed, scale.to(torch.float16), zero.to(torch.float16)
+    return packed, scale.to(PARAM_DTYPE), zero.to(PARAM_DTYPE)
 
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
@@ -149,7 +168,7 @@ def quantize_pack_triton(x: torch.Tensor, role: torch.Tensor, partner: torch.Ten
     N, H, G, D = x.shape
     x = x.float().contiguous()
     packed = torch.empty(N, H, G, D // 2, dtype=torch.uint8, device=x.device)
-    scale = torch.empty(N, H, D, dtype=torch.float16, device=x.device)
+    scale = torch.empty(N, H, D, dtype=PARAM_DTYPE, device=x.device)
     zero = torch.empty_like(scale)
     quant_kernel[(N * H,)](x, role.to(x.device, torch.int32).contiguous(),
                            partner.to(x.device, torch.int32).contiguous(), packed, scale, zero,

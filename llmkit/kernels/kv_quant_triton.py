@@ -5,13 +5,34 @@ Imported only when a kernel runs: ``kv_quant`` imports this module lazily so tha
 
 quant_kernel: one program per (row, kv-head) group; loads the even and odd channel columns of the
 [G, D] tile plus the columns of each channel's partner (a gathered load), computes per-channel
-fp16-rounded scale/zero, the 4-bit or 8-bit codes, and writes one byte per channel pair.
+bf16 scale/zero (zero rounded down, scale up), the 4-bit or 8-bit codes, and writes one byte per channel pair.
 dequant_kernel: one program per (row, kv-head, block of BT tokens); outlier slots re-read the
 partner's byte (a gathered load) to rebuild their 8-bit code.
 """
 
 import triton
 import triton.language as tl
+
+@triton.jit
+def _round_down_bf16(x):
+    # largest bf16 <= x: round to nearest, then step one ulp down where that overshot
+    r = x.to(tl.bfloat16)
+    rf = r.to(tl.float32)
+    bits = r.to(tl.int16, bitcast=True)
+    stepped = tl.where(rf > 0, bits - 1, tl.where(rf < 0, bits + 1, -32767))  # -32767: 0x8001, -tiny
+    bits = tl.where(rf > x, stepped.to(tl.int16), bits)
+    return bits.to(tl.bfloat16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _round_up_bf16(x):
+    # smallest bf16 >= x, for x >= 0
+    r = x.to(tl.bfloat16)
+    rf = r.to(tl.float32)
+    bits = r.to(tl.int16, bitcast=True)
+    bits = tl.where(rf < x, (bits + 1).to(tl.int16), bits)
+    return bits.to(tl.bfloat16, bitcast=True).to(tl.float32)
+
 
 @triton.jit
 def _codes(x, xp, role, gmask, G):
@@ -21,16 +42,16 @@ def _codes(x, xp, role, gmask, G):
     mx = tl.max(tl.where(gmask, x, -big), 0)
     mean = tl.sum(tl.where(gmask, x, 0.0), 0) / G
     qmax = tl.where(role == 1, 255.0, 15.0)
-    zero = mn.to(tl.float16).to(tl.float32)
-    scale = ((mx - zero) / qmax).to(tl.float16).to(tl.float32)
+    zero = _round_down_bf16(mn)
+    scale = _round_up_bf16((mx - zero) / qmax)
     safe = tl.where(scale > 0, scale, 1.0)
     q = tl.floor((x - zero[None, :]) / safe[None, :] + 0.5)
     q = tl.minimum(tl.maximum(q, 0.0), qmax[None, :]).to(tl.int32)
     # the partner's own 8-bit code (needed only where this slot is a donor)
     pmn = tl.min(tl.where(gmask, xp, big), 0)
     pmx = tl.max(tl.where(gmask, xp, -big), 0)
-    pzero = pmn.to(tl.float16).to(tl.float32)
-    pscale = ((pmx - pzero) / 255.0).to(tl.float16).to(tl.float32)
+    pzero = _round_down_bf16(pmn)
+    pscale = _round_up_bf16((pmx - pzero) / 255.0)
     psafe = tl.where(pscale > 0, pscale, 1.0)
     qp = tl.floor((xp - pzero[None, :]) / psafe[None, :] + 0.5)
     qp = tl.minimum(tl.maximum(qp, 0.0), 255.0).to(tl.int32)
@@ -38,7 +59,7 @@ def _codes(x, xp, role, gmask, G):
     slot = tl.where((role == 2)[None, :], qp >> 4, slot)
     is_donor = role == 2
     scale = tl.where(is_donor, 0.0, scale)
-    zero = tl.where(is_donor, mean.to(tl.float16).to(tl.float32), zero)
+    zero = tl.where(is_donor, _round_down_bf16(mean), zero)
     return slot, scale, zero
 
 @triton.jit
@@ -63,10 +84,10 @@ def quant_kernel(x_ptr, role_ptr, partner_ptr, packed_ptr, scale_ptr, zero_ptr,
     so, sco, zo = _codes(xo, xpo, ro, gmask, G)
     byte = (se | (so << 4)).to(tl.uint8)
     tl.store(packed_ptr + pid * G * HALF + g[:, None] * HALF + j[None, :], byte, mask=gmask)
-    tl.store(scale_ptr + pid * D + ce, sce.to(tl.float16))
-    tl.store(scale_ptr + pid * D + co, sco.to(tl.float16))
-    tl.store(zero_ptr + pid * D + ce, ze.to(tl.float16))
-    tl.store(zero_ptr + pid * D + co, zo.to(tl.float16))
+    tl.store(scale_ptr + pid * D + ce, sce.to(tl.bfloat16))
+    tl.store(scale_ptr + pid * D + co, sco.to(tl.bfloat16))
+    tl.store(zero_ptr + pid * D + ce, ze.to(tl.bfloat16))
+    tl.store(zero_ptr + pid * D + co, zo.to(tl.bfloat16))
 
 @triton.jit
 def _deq(nib, t, tmask, c, role, partner, packed_row, grp, scale_ptr, zero_ptr, D: tl.constexpr,

@@ -1,7 +1,7 @@
 """Baseline KV quantizers sharing InQuant's 4-bit nibble packing.
 
 - KIVI-style uniform 4-bit (KIVI, Liu et al. 2024): keys per channel over a group of tokens,
-  values per token over the head dimension, asymmetric min/max, fp16 scale and zero-point.
+  values per token over the head dimension, asymmetric min/max, bf16 scale and zero-point.
 - Outlier buffer, dense-and-sparse (KVQuant-style, Hooper et al. 2024): the same dense 4-bit
   quantization with the largest-magnitude ``outlier_frac`` of each (row, head, chunk) pulled out
   into a separate buffer of fp16 values plus int32 positions; the dense ranges are computed
@@ -9,7 +9,7 @@
   calibrates its thresholds offline (and quantizes keys before RoPE); here the outliers are
   chosen online with ``topk`` per chunk, which needs no calibration data.
 
-Codes use the same rounding and fp16-rounded parameters as ``llmkit.kernels.kv_quant``.
+Codes use the same rounding and bf16 parameters as ``llmkit.kernels.kv_quant``.
 """
 
 from __future__ import annotations
@@ -18,17 +18,13 @@ import math
 
 import torch
 
-from llmkit.kernels.kv_quant import unpack_nibbles
-
-
-def _fp16_round(x):
-    return x.to(torch.float16).to(torch.float32)
+from llmkit.kernels.kv_quant import PARAM_DTYPE, asym_params, unpack_nibbles
 
 
 def quantize_axis(x: torch.Tensor, axis: int, mask: torch.Tensor | None = None):
     """4-bit asymmetric quantization of ``x [..., T, D]`` with statistics over ``axis`` (-2: per
     channel, -1: per token). ``mask`` (True = outlier) excludes entries from the range.
-    Returns packed ``[..., T, D/2]`` uint8 and fp16 scale/zero with ``axis`` kept as size 1."""
+    Returns packed ``[..., T, D/2]`` uint8 and bf16 scale/zero with ``axis`` kept as size 1."""
     x = x.float()
     if mask is None:
         mn, mx = x.amin(axis, keepdim=True), x.amax(axis, keepdim=True)
@@ -37,12 +33,11 @@ def quantize_axis(x: torch.Tensor, axis: int, mask: torch.Tensor | None = None):
         mx = torch.where(mask, -math.inf, x).amax(axis, keepdim=True)
         mn = torch.where(torch.isfinite(mn), mn, 0.0)
         mx = torch.where(torch.isfinite(mx), mx, 0.0)
-    zero = _fp16_round(mn)
-    scale = _fp16_round((mx - zero) / 15.0)
+    scale, zero = asym_params(mn, mx, 15.0)
     safe = torch.where(scale > 0, scale, 1.0)
     q = torch.floor((x - zero) / safe + 0.5).clamp_(0.0, 15.0).to(torch.uint8)
     packed = q[..., 0::2] | (q[..., 1::2] << 4)
-    return packed, scale.to(torch.float16), zero.to(torch.float16)
+    return packed, scale.to(PARAM_DTYPE), zero.to(PARAM_DTYPE)
 
 
 def dequant_tokens(packed, scale, zero):

@@ -58,6 +58,8 @@ def assign_donors(saliency: torch.Tensor, outliers: torch.Tensor, max_stride: in
     """A donor channel per outlier, ``[H, k]``: the lowest-saliency free channel within
     ``max_stride`` of the outlier (nearer stride wins ties); no channel lends twice, no outlier lends."""
     H, D = saliency.shape
+    if 2 * outliers.shape[-1] > D:
+        raise ValueError(f"{outliers.shape[-1]} outliers per head need as many donor channels; head_dim is {D}")
     sal = saliency.detach().float().cpu()
     out = outliers.cpu()
     donors = torch.empty_like(out)

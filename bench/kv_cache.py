@@ -1,0 +1,286 @@
+"""KV-cache quantization benchmark: InQuant vs the unquantized cache, KIVI-4bit and an outlier buffer.
+
+Run: ``.venv/bin/python bench/kv_cache.py [--quick]`` (bundled SmolLM2-135M, CPU).
+
+Figures (each measured against its anchor in the same run):
+
+- compression: bytes a bf16 cache would hold / bytes the cache holds, after a prefill of
+  ``--compress-len`` tokens (a multiple of the group size, so the full-precision window is empty):
+  ``packed`` counts the packed codes only, ``total`` adds scales, zero-points and descriptors.
+- perplexity (teacher-forced, GSM8K test solutions): the context (``--shots`` GSM8K train
+  exemplars + the test question) is prefilled into the cache and ``flush()``-ed, so all of it is
+  read back from the quantized store; then the reference solution is scored in one forward pass
+  reading that quantized past (the solution's own tokens attend to each other unquantized, as in
+  any forward pass). ppl = exp(mean NLL over all solution tokens); ratios vs the unquantized
+  ``DynamicCache`` ("bf16" in the names; on CPU the model and that cache run in float32).
+- GSM8K greedy accuracy (zero-shot chat prompt, last number in the completion vs the gold answer)
+  with each cache in ``model.generate``.
+- quantize+dequantize time per token: the keys/values of every layer after a prefill, quantized
+  into a fresh layer (InQuant includes its saliency sampling and descriptor build) and
+  dequantized once; PyTorch CPU path; ratio outlier-buffer time / InQuant time.
+- decode tokens/s with each cache vs the unquantized cache (``generate``, greedy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from llmkit.models import load  # noqa: E402
+from llmkit.serving.kv_cache import CACHES  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data" / "gsm8k"
+METHODS = ["inquant", "kivi", "outlier-buffer"]
+
+
+def read_jsonl(path: Path, n: int | None = None) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows[:n] if n else rows
+
+
+def fewshot_context(train: list[dict], shots: int) -> str:
+    return "".join(f"Question: {r['question']}\nAnswer: {r['answer']}\n\n" for r in train[:shots])
+
+
+def make_cache(name, model, group_size):
+    return None if name == "bf16" else CACHES[name](model.config, group_size=group_size)
+
+
+# ------------------------------------------------------------------------------ compression
+
+
+@torch.inference_mode()
+def compression(model, tok, text: str, length: int, group_size: int) -> dict:
+    ids = tok(text, return_tensors="pt").input_ids[:, :length]
+    if ids.shape[1] < length:
+        raise SystemExit(f"compression text has only {ids.shape[1]} tokens, need {length}")
+    out = {}
+    for name in METHODS:
+        cache = make_cache(name, model, group_size)
+        model(ids, past_key_values=cache, use_cache=True)
+        nb, ref = cache.nbytes(), cache.bf16_nbytes()
+        out[name] = {
+            "bytes": nb, "bf16_bytes": ref,
+            "packed": ref / nb["packed"],
+            "total": ref / (nb["total"] - nb["window"]),
+            "held": ref / nb["total"],
+        }
+    return out
+
+
+# ------------------------------------------------------------------------------ perplexity
+
+
+@torch.inference_mode()
+def perplexity(model, tok, items, context_prefix: str, group_size: int, names) -> dict:
+    nll = {n: 0.0 for n in names}
+    count = 0
+    for it in tqdm(items, desc="perplexity", unit="problem"):
+        ctx = tok(context_prefix + f"Question: {it['question']}\nAnswer:", return_tensors="pt").input_ids
+        tgt = tok(" " + it["answer"], return_tensors="pt", add_special_tokens=False).input_ids
+        count += tgt.shape[1]
+        for name in names:
+            cache = make_cache(name, model, group_size)
+            if cache is None:
+                from transformers import DynamicCache
+
+                cache = DynamicCache(config=model.config)
+            first = model(ctx, past_key_values=cache, use_cache=True).logits[:, -1:]
+            if hasattr(cache, "flush"):
+                cache.flush()
+            rest = model(tgt, past_key_values=cache, use_cache=True).logits[:, :-1]
+            logits = torch.cat([first, rest], dim=1).float()
+            nll[name] += torch.nn.functional.cross_entropy(logits[0], tgt[0], reduction="sum").item()
+    return {n: math.exp(v / count) for n, v in nll.items()} | {"tokens": count}
+
+
+# ------------------------------------------------------------------------------ accuracy
+
+
+def last_number(text: str) -> str | None:
+    nums = re.findall(r"-?\d[\d,]*\.?\d*", text)
+    return nums[-1].replace(",", "").rstrip(".") if nums else None
+
+
+def same_number(a: str | None, b: str) -> bool:
+    try:
+        return a is not None and abs(float(a) - float(b)) < 1e-6
+    except ValueError:
+        return False
+
+
+def accuracy(model, tok, items, names, group_size, max_new_tokens, batch_size) -> dict:
+    from llmkit.engines.hf import HFEngine
+    from llmkit.generation import GenerationParams
+    from llmkit.serving.kv_cache import cache_factory
+
+    prompts = [tok.apply_chat_template([{"role": "user", "content": it["question"]}], tokenize=False,
+                                       add_generation_prompt=True) for it in items]
+    gold = [it["answer"].split("####")[-1].strip().replace(",", "") for it in items]
+    params = GenerationParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    out = {}
+    for name in names:
+        fac = None if name == "bf16" else cache_factory(name, group_size=group_size)
+        eng = HFEngine(model, tok, batch_size=batch_size, cache_factory=fac)
+        comps = eng.generate(prompts, params, progress=True)
+        ok = [same_number(last_number(c[0].text), g) for c, g in zip(comps, gold)]
+        out[name] = {"accuracy": 100.0 * sum(ok) / len(ok), "correct": sum(ok)}
+    out["n"] = len(items)
+    return out
+
+
+# ------------------------------------------------------------------------------ speed
+
+
+@torch.inference_mode()
+def quant_speed(model, tok, text: str, length: int, group_size: int, reps: int) -> dict:
+    from transformers import DynamicCache
+
+    from llmkit.serving.kv_cache.layers import InQuantLayer, KIVILayer, OutlierBufferLayer
+
+    ids = tok(text, return_tensors="pt").input_ids[:, :length]
+    ref = DynamicCache(config=model.config)
+    model(ids, past_key_values=ref, use_cache=True)
+    kv = [(layer.keys.clone(), layer.values.clone()) for layer in ref.layers]
+    T = kv[0][0].shape[-2]
+    makers = {"inquant": lambda: InQuantLayer(group_size, backend="torch"),
+              "kivi": lambda: KIVILayer(group_size),
+              "outlier-buffer": lambda: OutlierBufferLayer(group_size)}
+    best = {}
+    for rep in range(reps + 1):  # the first round warms up
+        for name, make in makers.items():
+            t0 = time.perf_counter()
+            for k, v in kv:
+                layer = make()
+                layer.lazy_initialization(k, v)
+                layer._append(k, v, group_size)
+                layer._dequantize("k")
+                layer._dequantize("v")
+            dt = time.perf_counter() - t0
+            if rep:
+                best[name] = min(best.get(name, math.inf), dt)
+    return {n: 1e6 * t / T for n, t in best.items()}  # microseconds per token (all layers, K+V)
+
+
+@torch.inference_mode()
+def decode_speed(model, tok, prompts, names, group_size, new_tokens) -> dict:
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    out = {}
+    for name in names:
+        kw = {}
+        best = math.inf
+        for _ in range(2):
+            if name != "bf16":
+                kw["past_key_values"] = make_cache(name, model, group_size)
+            t0 = time.perf_counter()
+            gen = model.generate(**enc, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                 do_sample=False, **kw)
+            best = min(best, time.perf_counter() - t0)
+        n_new = (gen.shape[1] - enc.input_ids.shape[1]) * gen.shape[0]
+        out[name] = n_new / best
+    return out
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer problems, shorter runs (~3 min)")
+    ap.add_argument("--model", default=None, help="model name/path (default: the bundled model)")
+    ap.add_argument("--group-size", type=int, default=128)
+    ap.add_argument("--shots", type=int, default=3, help="train exemplars before each scored question")
+    ap.add_argument("--ppl-n", type=int, default=None)
+    ap.add_argument("--acc-n", type=int, default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=None)
+    ap.add_argument("--compress-len", type=int, default=512)
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: ppl,acc,speed,decode")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(0)
+    q = args.quick
+    ppl_n = args.ppl_n or (12 if q else 100)
+    acc_n = args.acc_n or (16 if q else 200)
+    max_new = args.max_new_tokens or (160 if q else 320)
+    skip = set(filter(None, args.skip.split(",")))
+
+    model, tok = load(args.model)
+    model.eval()
+    train, test = read_jsonl(DATA / "train.jsonl"), read_jsonl(DATA / "test.jsonl")
+    prefix = fewshot_context(train, args.shots)
+    long_text = fewshot_context(train, 12)
+    res: dict = {"model": args.model or "smollm2-135m-instruct", "quick": q, "group_size": args.group_size,
+                 "dtype": str(model.dtype)}
+    figs: dict = {}
+
+    c = compression(model, tok, long_text, args.compress_len, args.group_size)
+    res["compression"] = c
+    for n in METHODS:
+        print(f"compression {n}: packed {c[n]['packed']:.3f}x, total (packed+scales+descriptors"
+              f"{'+outlier buffer' if n == 'outlier-buffer' else ''}) {c[n]['total']:.3f}x vs bf16 "
+              f"at {args.compress_len} tokens")
+    figs["compression_packed"] = round(c["inquant"]["packed"], 4)
+    figs["compression_total"] = round(c["inquant"]["total"], 4)
+
+    if "ppl" not in skip:
+        p = perplexity(model, tok, test[:ppl_n], prefix, args.group_size, ["bf16", *METHODS])
+        res["perplexity"] = p
+        print(f"perplexity bf16 (unquantized cache): {p['bf16']:.4f} on {p['tokens']} solution tokens "
+              f"of {ppl_n} GSM8K test problems ({args.shots}-shot context read from the cache)")
+        for n in METHODS:
+            r = p[n] / p["bf16"]
+            print(f"perplexity {n}: {p[n]:.4f} (ratio vs bf16 {r:.4f})")
+            figs[f"ppl_ratio_{n.replace('-', '_')}"] = round(r, 4)
+
+    if "speed" not in skip:
+        s = quant_speed(model, tok, long_text, args.compress_len, args.group_size, reps=2 if q else 5)
+        res["quant_us_per_token"] = s
+        for n in METHODS:
+            print(f"quantize+dequantize {n}: {s[n]:.1f} us/token (all layers, K+V, PyTorch CPU)")
+        figs["speedup_vs_outlier_buffer"] = round(s["outlier-buffer"] / s["inquant"], 3)
+        print(f"quantize+dequantize speedup InQuant vs outlier-buffer: {figs['speedup_vs_outlier_buffer']:.2f}x")
+
+    if "decode" not in skip:
+        prompts = [prefix[: 600 + 50 * i] for i in range(4)]  # ~150-200 token prompts: packed store in use
+        d = decode_speed(model, tok, prompts, ["bf16", *METHODS], args.group_size, 48 if q else 128)
+        res["decode_tokens_per_s"] = d
+        for n in ["bf16", *METHODS]:
+            print(f"decode {n}: {d[n]:.1f} tokens/s (batch 4, greedy)")
+        figs["decode_ratio_vs_bf16"] = round(d["inquant"] / d["bf16"], 3)
+        print(f"decode InQuant/bf16 tokens/s ratio: {figs['decode_ratio_vs_bf16']:.3f}")
+
+    if "acc" not in skip:
+        a = accuracy(model, tok, test[:acc_n], ["bf16", "inquant", "kivi"], args.group_size, max_new,
+                     batch_size=16)
+        res["gsm8k"] = a
+        for n in ["bf16", "inquant", "kivi"]:
+            print(f"gsm8k greedy accuracy {n}: {a[n]['accuracy']:.2f}% ({a[n]['correct']}/{a['n']}"
+                  f"{', quick subset' if q else ''}, max {max_new} new tokens)")
+        figs["gsm8k_acc_bf16"] = a["bf16"]["accuracy"]
+        figs["gsm8k_acc_inquant"] = a["inquant"]["accuracy"]
+        figs["gsm8k_acc_delta_inquant"] = round(a["inquant"]["accuracy"] - a["bf16"]["accuracy"], 2)
+        figs["gsm8k_n"] = a["n"]
+
+    res["figures"] = figs
+    out = ROOT / "bench" / "results" / ("kv_cache_quick.json" if q else "kv_cache.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"results written to {out}")
+    print(json.dumps(figs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
