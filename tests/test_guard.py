@@ -17,6 +17,15 @@ from llmkit.serving.guard.guard import _TF_MODELS, engine_model
 SYSTEM = "Always answer in French."
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    # these tensors are tiny: more threads only add contention on a shared CPU
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def conv(user: str, response: str, system: str = SYSTEM) -> list[dict]:
     return [{"role": "system", "content": system}, {"role": "user", "content": user},
             {"role": "assistant", "content": response}]
@@ -37,7 +46,7 @@ def violating(n: int, seed: int = 1) -> list[list[dict]]:
 
 @pytest.fixture()
 def fitted(tiny_model, tiny_tokenizer):
-    return Guard.fit(tiny_model, tiny_tokenizer, compliant(40), model_name="tiny", layers=[1, 2],
+    return Guard.fit(tiny_model, tiny_tokenizer, compliant(30), model_name="tiny", layers=[1, 2],
                      n_components=8, target_fpr=0.1)
 
 
@@ -287,3 +296,41 @@ def test_bundled_guard_alias_matches_engine_and_flags_gibberish(bundled):
     ok = guard.check(eng, convs[0][:-1], "Bonjour ! C'est le numéro 3.")
     bad = guard.check(eng, convs[0][:-1], "def f(x):\n    return [i**2 for i in range(x)]  # SELECT * FROM")
     assert bad["score"] > ok["score"] and bad["flagged"]
+
+
+def test_states_recorded_during_generation_match_teacher_forcing(fitted, tiny_model, tiny_tokenizer):
+    from llmkit.generation import GenerationParams
+
+    import string
+
+    # make the random model write ASCII letters only, so that text round-trips to the same tokens
+    letters = [i for i, t in enumerate(tiny_tokenizer.convert_ids_to_tokens(list(range(len(tiny_tokenizer)))))
+               if t in set(string.ascii_letters)]
+    with torch.no_grad():
+        w = tiny_model.lm_head.weight
+        keep = torch.zeros(w.shape[0], dtype=torch.bool)
+        keep[letters] = True
+        w[~keep] = 0
+        w[keep] *= 10
+    eng = StubEngine(tiny_model, tiny_tokenizer)
+    eng._hf.batch_size = eng.batch_size = 2
+    prompts = [conv("hi", "")[:-1], conv("a longer question, padded less", "")[:-1], conv("third", "")[:-1]]
+    out = fitted.generate(eng, prompts, GenerationParams(max_new_tokens=6))
+    assert len(eng.prompts) == 3 and len(out) == 3  # one generation pass, no re-generation
+    for (text, res), p in zip(out, prompts):
+        tf = fitted.check(eng, p, text)
+        n = len(tiny_tokenizer(text, add_special_tokens=False)["input_ids"])
+        assert res["n_tokens"] == n
+        # same states, except that the last token of a length-cut response is never fed back
+        assert res["score"] == pytest.approx(tf["score"], rel=0.35, abs=2.0)
+    from llmkit.serving.guard.capture import GenerationRecorder
+
+    with GenerationRecorder(tiny_model, [1, 2]) as rec:
+        comps = [c[0] for c in eng._hf.generate([eng.chat_prompt(prompts[1])], GenerationParams(max_new_tokens=5))]
+    got = rec.captures(comps, [1])[0]
+    convo = [*prompts[1], {"role": "assistant", "content": comps[0].text}]
+    ref = capture(tiny_model, tiny_tokenizer, [convo], [1, 2])[0]
+    k = got.states[2].shape[0]
+    assert k == min(5, comps[0].completion_tokens) - (comps[0].finish_reason == "length")
+    torch.testing.assert_close(got.states[1], ref.states[1][:k], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got.states[2], ref.states[2][:k], atol=1e-4, rtol=1e-4)

@@ -123,3 +123,77 @@ def capture(model, tokenizer, conversations: list[list[dict]], layers: list[int]
         bar.update(len(idx))
     bar.close()
     return out  # type: ignore[return-value]
+
+
+class GenerationRecorder:
+    """Record the guard layers' states while the transformers engine generates (no extra forward pass).
+
+    ``model.generate`` runs one prefill forward per batch (all prompt positions,
+    left-padded) and then one forward per new token, fed the token chosen last:
+    the step that feeds response token ``k`` yields its states, which is where a
+    teacher-forced pass would put them. The last token of a response cut by the
+    length limit is never fed back, so it has no state (the teacher-forced pass
+    would have one more row). Layer ``l`` is recorded at the output of block
+    ``l - 1``, the final norm for the last layer, and the embeddings for 0, so the
+    values equal ``output_hidden_states[l]``.
+    """
+
+    def __init__(self, model, layers: list[int]):
+        self.model, self.layers = model, layers
+        self.chunks: list[dict] = []  # per generate() batch: {"last_prompt": {l: (B,d)}, "steps": [{l: (B,d)}]}
+        self._step: dict[int, torch.Tensor] = {}
+        self._handles = []
+
+    def __enter__(self):
+        base = _backbone(self.model)
+        n = self.model.config.num_hidden_layers
+        for l in self.layers:
+            if l == 0:
+                module = base.embed_tokens
+            elif l == n and getattr(base, "norm", None) is not None:
+                module = base.norm
+            else:
+                module = base.layers[l - 1]
+            self._handles.append(module.register_forward_hook(self._hook(l)))
+        self._handles.append(base.register_forward_hook(self._end_of_forward))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _hook(self, layer):
+        def hook(_module, _inputs, output):
+            out = output[0] if isinstance(output, tuple) else output
+            self._step[layer] = out.detach()
+
+        return hook
+
+    def _end_of_forward(self, _module, _inputs, _output):
+        step, self._step = self._step, {}
+        if not step:
+            return
+        width = next(iter(step.values())).shape[1]
+        if width > 1 or not self.chunks:  # a prefill starts a new batch
+            self.chunks.append({"last_prompt": {l: s[:, -1].float().cpu() for l, s in step.items()}, "steps": []})
+        else:
+            self.chunks[-1]["steps"].append({l: s[:, 0].float().cpu() for l, s in step.items()})
+
+    def captures(self, completions, batch_sizes: list[int]) -> list[Capture]:
+        """One Capture per completion, given how many rows each generate() batch had (in order)."""
+        if len(batch_sizes) != len(self.chunks):
+            raise RuntimeError(f"recorded {len(self.chunks)} generate batches, expected {len(batch_sizes)}")
+        out, k = [], 0
+        for chunk, size in zip(self.chunks, batch_sizes):
+            steps = chunk["steps"]
+            for r in range(size):
+                comp = completions[k]
+                k += 1
+                n = min(comp.completion_tokens, len(steps))
+                if n == 0:
+                    states = {l: chunk["last_prompt"][l][r : r + 1] for l in self.layers}
+                else:
+                    states = {l: torch.stack([steps[t][l][r] for t in range(n)]) for l in self.layers}
+                out.append(Capture(states=states, n_tokens=comp.completion_tokens))
+        return out

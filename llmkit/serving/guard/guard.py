@@ -203,6 +203,34 @@ class Guard:
         """Score one response to ``messages`` (the prompt, without the response)."""
         return self.check_batch(engine, [messages], [response_text])[0]
 
+    def generate(self, engine, prompts_messages: list[list[dict]], params) -> list[tuple[str, dict]]:
+        """Generate responses and check them: ``[(text, check result), ...]``.
+
+        On the transformers engine the states are recorded during generation
+        (:class:`GenerationRecorder`: no second forward pass); on other engines this
+        is ``generate`` followed by :meth:`check_batch`.
+        """
+        from llmkit.serving.guard.capture import GenerationRecorder
+
+        prompts = [engine.chat_prompt(m) for m in prompts_messages]
+        model = getattr(engine, "model", None)
+        if not isinstance(model, torch.nn.Module):
+            texts = [c[0].text for c in engine.generate(prompts, params)]
+            return list(zip(texts, self.check_batch(engine, prompts_messages, texts)))
+        self._check_model(model)
+        step = max(1, int(getattr(engine, "batch_size", len(prompts)) or len(prompts)))
+        comps, sizes = [], []
+        with GenerationRecorder(model, self.layers) as rec:
+            for start in range(0, len(prompts), step):  # one engine call per batch: rows map to batches
+                chunk = prompts[start : start + step]
+                comps += [c[0] for c in engine.generate(chunk, params)]
+                sizes.append(len(chunk))
+        caps = rec.captures(comps, sizes)
+        for c in caps:
+            c.states = {l: s[: self.max_response_tokens] for l, s in c.states.items()}
+        z = self.layer_z(caps)
+        return [(comps[i].text, self._result(z[i], caps[i].n_tokens)) for i in range(len(caps))]
+
     # ---- correction -------------------------------------------------------------------------
     def correct(self, engine, messages: list[dict], params, steer_alpha: float = 0.0) -> str:
         """A new response to ``messages`` with the system instruction re-asserted (see :mod:`correct`)."""
