@@ -148,10 +148,10 @@ def main():
         for key, cs in curves.items():
             n = max(len(c) for c in cs)
             padded = np.array([c + [c[-1]] * (n - len(c)) for c in cs])
-            plt.plot(padded.mean(0), label=key)
+            plt.plot(np.arange(1, n + 1), padded.mean(0), label=key)
         plt.axhline(args.target, color="gray", ls="--", lw=1, label="target")
-        plt.xscale("symlog")
-        plt.xlabel("iteration")
+        plt.xscale("log")
+        plt.xlabel("iteration (log scale)")
         plt.ylabel("pi(target)  (mean over seeds)")
         plt.title("VSPO bandit: steered sampling vs reward shaping")
         plt.legend()

@@ -108,3 +108,28 @@ def test_save_load_roundtrip_and_compatibility(tmp_path, tiny_model, vec):
 def test_bad_layer_is_rejected(tiny_model, tiny_tokenizer):
     with pytest.raises(ValueError, match="out of range"):
         extract(tiny_model, tiny_tokenizer, [("a", "b")], layers=[5])
+
+
+def test_steer_extract_cli_writes_a_loadable_vector_and_reports_bad_lines(tmp_path, capsys):
+    import json
+
+    from llmkit.cli import main
+    from llmkit.testing import tiny_llama, tiny_tokenizer
+
+    folder = tmp_path / "tiny"
+    tiny_llama().save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"positive": "long answer", "negative": "short"}) + "\n"
+                     + json.dumps({"positive": [{"role": "user", "content": "x, in detail"}],
+                                   "negative": [{"role": "user", "content": "x"}]}) + "\n")
+    out = tmp_path / "vec"
+    assert main(["steer", "extract", "--model", str(folder), "--pairs", str(pairs), "--layers", "0,1",
+                 "--output", str(out)]) == 0
+    assert SteeringVector.load(out).layers == [0, 1]
+    assert "2 pairs" in capsys.readouterr().out
+    pairs.write_text(json.dumps({"positive": "a", "negative": "b"}) + "\n{not json\n")
+    assert main(["steer", "extract", "--model", str(folder), "--pairs", str(pairs), "--output", str(out)]) == 2
+    assert f"{pairs}:2" in capsys.readouterr().err
+    assert main(["steer", "extract", "--model", str(folder), "--pairs", str(tmp_path / "pairs.jsonl"),
+                 "--layers", "7", "--output", str(out)]) == 2

@@ -1,0 +1,113 @@
+"""Per-step time of the VSPO trainer vs TRL's GRPOTrainer with the same config, in the same run.
+
+Both trainers get the same model weights, data, seed and GRPO config; VSPO adds its steering hook
+(per-row intensities spread over each group) around generation. Every rollout is forced to the full
+``max_completion_length`` (``min_new_tokens``) so that both do the same amount of generation and the ratio
+measures VSPO's overhead, not how long the steered answers happen to be. Rounds alternate the trainers
+(GRPO k steps, VSPO k steps, ...) so load changes on this shared machine hit both; the figure is the ratio
+of the per-step medians. The full run also times VSPO with the truncated importance correction (one
+extra steered forward pass per generation batch).
+
+    .venv/bin/python bench/vspo.py [--quick] [--model smollm2-135m-instruct]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 2 steps, no importance-correction arm")
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=None, help="steps per trainer per round")
+    ap.add_argument("--completion-length", type=int, default=32)
+    args = ap.parse_args()
+    rounds = args.rounds or (2 if args.quick else 4)
+    steps = args.steps or (2 if args.quick else 3)
+
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from llmkit.models import load
+    from llmkit.rewards import gsm8k_correctness, make_verbosity
+    from llmkit.rewards.behaviors import contrastive_pairs
+    from llmkit.steering import extract
+    from llmkit.train.vspo.config import VSPOConfig
+    from llmkit.train.vspo.data import build_rows, load_records
+    from llmkit.train.vspo.trainer import VSPOTrainer
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    model, tok = load(args.model)
+    rows = build_rows(load_records(str(REPO / "../shared/data/gsm8k/train.jsonl"), 64, "train"), "verbosity")
+    vec = extract(model, tok, contrastive_pairs("verbosity", [r["question"] for r in rows[-8:]]), behavior="verbosity")
+    ds = Dataset.from_list(rows[:32])
+    rewards = [gsm8k_correctness, make_verbosity(5, 40)]
+    common = dict(per_device_train_batch_size=8, num_generations=4, max_completion_length=args.completion_length,
+                  generation_kwargs={"min_new_tokens": args.completion_length}, learning_rate=1e-6, beta=0.0,
+                  report_to="none", use_cpu=True, bf16=False, logging_steps=1, save_strategy="no", seed=0,
+                  disable_tqdm=True, dataloader_num_workers=0)
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.times: list[float] = []
+
+        def on_step_begin(self, *a, **k):
+            self._t = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            self.times.append(time.perf_counter() - self._t)
+
+    arms = {"grpo": None, "vspo": "none"} if args.quick else {"grpo": None, "vspo": "none", "vspo_is": "token_truncate"}
+    timers = {name: StepTimer() for name in arms}
+    tmp = Path("/tmp/llmkit-bench-vspo")
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=rounds * len(arms), desc="rounds x trainers", file=sys.stderr)
+    for r in range(rounds):
+        for name, corr in arms.items():
+            m = copy.deepcopy(model)
+            if corr is None:
+                cfg = GRPOConfig(output_dir=str(tmp / name), max_steps=steps, **common)
+                t = GRPOTrainer(model=m, args=cfg, reward_funcs=rewards, train_dataset=ds, processing_class=tok,
+                                callbacks=[timers[name]])
+            else:
+                cfg = VSPOConfig(output_dir=str(tmp / name), max_steps=steps, alpha_max=1.5, alpha_anneal="none",
+                                 importance_correction=corr, **common)
+                t = VSPOTrainer(model=m, args=cfg, reward_funcs=rewards, train_dataset=ds, processing_class=tok,
+                                callbacks=[timers[name]], steering_vector=vec)
+            t.train()
+            bar.update(1)
+    bar.close()
+    med = {name: statistics.median(tm.times) for name, tm in timers.items()}
+    fig = {"grpo_step_s": med["grpo"], "vspo_step_s": med["vspo"], "step_time_ratio_vs_grpo": med["vspo"] / med["grpo"]}
+    if "vspo_is" in med:
+        fig["vspo_is_step_s"] = med["vspo_is"]
+        fig["step_time_ratio_is_vs_grpo"] = med["vspo_is"] / med["grpo"]
+    for k, v in fig.items():
+        print(f"{k}: {v:.3f}")
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / ("vspo_quick.json" if args.quick else "vspo.json")
+    out.write_text(json.dumps({"figures": fig, "step_times": {k: t.times for k, t in timers.items()},
+                               "rounds": rounds, "steps_per_round": steps, "model": args.model,
+                               "completion_length": args.completion_length, "rows_per_step": 8}, indent=2) + "\n")
+    print(f"wrote {out}")
+    print(json.dumps(fig))
+
+
+if __name__ == "__main__":
+    main()
