@@ -29,6 +29,8 @@ def register(sub):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=positive_int, default=16, help="hf engine batch size")
     p.add_argument("--max-model-len", type=positive_int, default=4096, help="vllm context length")
+    p.add_argument("--enforce-eager", action="store_true", help="vllm without graph capture/compile "
+                   "(starts much faster on CPU)")
     p.add_argument("--output", default=None, help="output folder (default ./eval-runs/<time>); "
                    "with compare: the PNG path (default ./eval-compare.png)")
     p.add_argument("--score-gold", action="store_true",
@@ -90,7 +92,8 @@ def run(args) -> int:
     if not args.score_gold:
         from llmkit.engines import get_engine
 
-        kw = {"batch_size": args.batch_size} if args.engine == "hf" else {"max_model_len": args.max_model_len}
+        kw = ({"batch_size": args.batch_size} if args.engine == "hf"
+              else {"max_model_len": args.max_model_len, "enforce_eager": args.enforce_eager})
         engine = get_engine(args.engine, args.model, **kw)
     summaries = {}
     try:
