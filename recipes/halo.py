@@ -10,11 +10,13 @@ import sys
 
 from llmkit.cli import UserError
 from llmkit.commands.train import parse_method_args
+from llmkit.models import ModelNotFoundError
 
 if __name__ == "__main__":
     try:
         module, configs = parse_method_args("halo", sys.argv[1:])
-    except UserError as e:
+        rc = module.main(*configs)
+    except (UserError, ModelNotFoundError) as e:
         print(f"recipes/halo.py: error: {e}", file=sys.stderr)
         sys.exit(2)
-    sys.exit(module.main(*configs))
+    sys.exit(rc)

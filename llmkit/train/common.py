@@ -20,8 +20,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from transformers import TrainerCallback
@@ -66,7 +67,7 @@ def load_records(path_or_id: str, split: str = "train", name: str | None = None,
 
     try:
         ds = load_dataset(path_or_id, name, split=split)
-    except Exception as e:  # hub errors come in many types; the user needs the id and the reason
+    except Exception as e:  # noqa: BLE001 -- hub errors come in many types; the user needs id and reason
         raise DataError(f"could not load dataset {path_or_id!r} (split {split!r}): {e}") from None
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))

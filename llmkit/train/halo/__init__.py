@@ -37,5 +37,13 @@ from llmkit.train.halo.controller import HaloController, optimizer_state_bytes
 from llmkit.train.halo.schedule import METHODS, Schedule, homotopy_t, smoothstep
 from llmkit.train.halo.units import Unit, layer_units
 
-__all__ = ["HaloController", "METHODS", "Schedule", "Unit", "homotopy_t", "layer_units",
-           "optimizer_state_bytes", "smoothstep"]
+__all__ = [
+           "METHODS",
+           "HaloController",
+           "Schedule",
+           "Unit",
+           "homotopy_t",
+           "layer_units",
+           "optimizer_state_bytes",
+           "smoothstep",
+]

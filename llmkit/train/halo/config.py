@@ -56,10 +56,10 @@ class HaloArguments:
             raise ValueError(f"halo_method must be one of {', '.join(METHODS)}, got {self.halo_method!r}")
 
     def callback_kwargs(self, seed: int = 0) -> dict:
-        return dict(method=self.halo_method, homotopy_fraction=self.halo_homotopy_fraction,
-                    ramp_width=self.halo_ramp_width, initial_units=self.halo_initial_units,
-                    lisa_layers=self.lisa_layers, lisa_interval=self.lisa_interval,
-                    skip_frozen_backward=self.halo_skip_frozen_backward, seed=seed)
+        return {"method": self.halo_method, "homotopy_fraction": self.halo_homotopy_fraction,
+                    "ramp_width": self.halo_ramp_width, "initial_units": self.halo_initial_units,
+                    "lisa_layers": self.lisa_layers, "lisa_interval": self.lisa_interval,
+                    "skip_frozen_backward": self.halo_skip_frozen_backward, "seed": seed}
 
 
 @dataclass

@@ -55,13 +55,35 @@ def _resume_arg(value):
     return value or None
 
 
+def _load_data(halo_args: HaloArguments, fmt: str):
+    from llmkit.train.common import chat_dataset, load_records
+
+    train_ds = chat_dataset(load_records(halo_args.train_data, halo_args.train_split, halo_args.train_data_config,
+                                         halo_args.max_train_samples), fmt, where=halo_args.train_data)
+    eval_ds = None
+    if halo_args.eval_data:
+        eval_ds = chat_dataset(load_records(halo_args.eval_data, halo_args.eval_split, halo_args.eval_data_config,
+                                            halo_args.max_eval_samples), fmt, where=halo_args.eval_data)
+    forget_rows = None
+    if halo_args.forget_data:
+        forget_rows = load_records(halo_args.forget_data, halo_args.forget_split, halo_args.forget_data_config,
+                                   halo_args.max_forget_samples)
+    return train_ds, eval_ds, forget_rows
+
+
 def main(halo_args: HaloArguments, training_args: HaloConfig, model_args: ModelConfig) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import get_peft_config
 
-    from llmkit.train.common import (MetricsJsonlCallback, chat_dataset, completion_loss, load_records,
-                                     plot_metrics_file, save_resolved_config)
+    from llmkit.cli import UserError
+    from llmkit.train.common import (
+        DataError,
+        MetricsJsonlCallback,
+        completion_loss,
+        plot_metrics_file,
+        save_resolved_config,
+    )
     from llmkit.train.halo.trainer import trainer_class
 
     out = Path(training_args.output_dir)
@@ -87,22 +109,16 @@ def main(halo_args: HaloArguments, training_args: HaloConfig, model_args: ModelC
         model_path, dtype=getattr(torch, dtype), attn_implementation=model_args.attn_implementation)
 
     fmt = "messages" if distill else "prompt_completion"
-    train_ds = chat_dataset(load_records(halo_args.train_data, halo_args.train_split, halo_args.train_data_config,
-                                         halo_args.max_train_samples), fmt, where=halo_args.train_data)
-    eval_ds = None
-    if halo_args.eval_data:
-        eval_ds = chat_dataset(load_records(halo_args.eval_data, halo_args.eval_split, halo_args.eval_data_config,
-                                            halo_args.max_eval_samples), fmt, where=halo_args.eval_data)
-    forget_rows = None
-    if halo_args.forget_data:
-        forget_rows = load_records(halo_args.forget_data, halo_args.forget_split, halo_args.forget_data_config,
-                                   halo_args.max_forget_samples)
+    try:
+        train_ds, eval_ds, forget_rows = _load_data(halo_args, fmt)
+    except DataError as e:
+        raise UserError(str(e)) from None
 
     cls = trainer_class(distill)
-    kwargs = dict(model=model, args=training_args, train_dataset=train_ds, eval_dataset=eval_ds,
-                  processing_class=tok, peft_config=get_peft_config(model_args),
-                  callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
-                  halo_callback_kwargs=halo_args.callback_kwargs(seed=training_args.seed))
+    kwargs = {"model": model, "args": training_args, "train_dataset": train_ds, "eval_dataset": eval_ds,
+                  "processing_class": tok, "peft_config": get_peft_config(model_args),
+                  "callbacks": [MetricsJsonlCallback(out / "metrics.jsonl")],
+                  "halo_callback_kwargs": halo_args.callback_kwargs(seed=training_args.seed)}
     if distill:
         kwargs["teacher_model"] = training_args.teacher_model_name_or_path
     trainer = cls(**kwargs)

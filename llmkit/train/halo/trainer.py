@@ -26,9 +26,9 @@ class HaloCallback(TrainerCallback):
     def __init__(self, method: str = "halo", homotopy_fraction: float = 0.5, ramp_width: float = 0.25,
                  initial_units: int = 1, lisa_layers: int = 2, lisa_interval: int = 5,
                  skip_frozen_backward: bool = True, seed: int = 0):
-        self.schedule_kwargs = dict(method=method, homotopy_fraction=homotopy_fraction, ramp_width=ramp_width,
-                                    initial_units=initial_units, lisa_layers=lisa_layers,
-                                    lisa_interval=lisa_interval, seed=seed)
+        self.schedule_kwargs = {"method": method, "homotopy_fraction": homotopy_fraction, "ramp_width": ramp_width,
+                                    "initial_units": initial_units, "lisa_layers": lisa_layers,
+                                    "lisa_interval": lisa_interval, "seed": seed}
         self.skip_frozen_backward = skip_frozen_backward
         self.controller: HaloController | None = None
         self.t = 0.0
