@@ -31,8 +31,8 @@ def register(sub):
                    help="total epsilon per user (one query costs about epsilon-per-token x its word pieces)")
     p.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
     p.add_argument("--port", type=positive_int, default=8100, help="default 8100")
-    p.add_argument("--model", default=None, help="upstream model name (default: what the request names, "
-                   "else the first model the upstream lists)")
+    p.add_argument("--model", default=None, help="upstream model name, replacing what requests name "
+                   "(default: the request's model, else the first model the upstream lists)")
     p.add_argument("--api-key", default=None, help="key sent to the upstream")
     p.add_argument("--state-dir", default=None, help="ledger + cache folder (default ~/.cache/llmkit/ldp-proxy)")
     p.add_argument("--epsilon-per-token", type=_pos_float, default=36.0,
@@ -72,5 +72,6 @@ def run(args) -> int:
     cache.ledger.default_budget = args.budget
     print(f"llmkit ldp-proxy: http://{args.host}:{args.port}/v1 -> {cache.upstream.url} "
           f"(budget epsilon {args.budget:g} per user, state in {state})", flush=True)
-    uvicorn.run(build_proxy_app(cache), host=args.host, port=args.port, log_level=args.log_level)
+    app = build_proxy_app(cache, force_model=args.model)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -3,8 +3,8 @@
 One query, in order (see :mod:`.scheduler` for why each step is private):
   1. reserve the worst case (query epsilon + scheduler bit) in the ledger, or refuse;
      the refusal depends only on public facts (budget, spent, query length);
-  2. embed the raw query, find the nearest cached entry, release the randomized
-     hit/miss bit;
+  2. embed the raw query, pick the cached entry with the best expected reuse accuracy
+     (accuracy x similarity), release the randomized hit/miss bit;
   3. hit: answer with the cached response, settle the charge to the bit's epsilon;
      miss: perturb every non-assistant message with the token mechanism, send that
      upstream, settle to bit + query epsilon, cache (raw query, response, fidelity).
@@ -39,7 +39,7 @@ class Answer:
     epsilon: float  # charged for this query
     spent: float  # the user's total so far
     remaining: float
-    similarity: float  # to the nearest cached query (-1: cache was empty)
+    similarity: float  # to the cached query considered for reuse (-1: cache was empty)
     sent_messages: list | None  # what the upstream saw; None on a hit
     raw: dict | None = None  # the upstream's chat.completion on a miss
 
@@ -59,14 +59,18 @@ def _text(content) -> str:
     raise ValueError(f"message content must be a string or a list of text parts, got {type(content).__name__}")
 
 
-def _rngs(seed) -> tuple[np.random.Generator, np.random.Generator]:
-    # separate streams for the perturbation and the bit, so a benchmark can couple perturbations
-    # across runs (same seed -> same perturbed text) while the bits stay independent of them
+def _seq(seed) -> np.random.SeedSequence:
     if seed is None:
-        ss = np.random.SeedSequence()
-    else:
-        ss = np.random.SeedSequence(seed if isinstance(seed, (list, tuple)) else [int(seed)])
-    a, b = ss.spawn(2)
+        return np.random.SeedSequence()  # OS entropy: the normal, private case
+    return np.random.SeedSequence(list(seed) if isinstance(seed, (list, tuple)) else [int(seed)])
+
+
+def _rngs(seed, bit_seed=None) -> tuple[np.random.Generator, np.random.Generator]:
+    # separate streams for the perturbation and the bit, so a benchmark can couple perturbations
+    # across runs (same seed -> same perturbed text) while varying the bits (bit_seed)
+    a, b = _seq(seed).spawn(2)
+    if bit_seed is not None:
+        b = _seq(bit_seed)
     return np.random.default_rng(a), np.random.default_rng(b)
 
 
@@ -135,8 +139,10 @@ class LDPCache:
         return (sum(self.mechanism.query_epsilon(_text(messages[i].get("content"))) for i in idx)
                 + self.scheduler.worst_case_epsilon)
 
-    def ask(self, query: str, user: str | None = None, seed=None, **params) -> Answer:
-        return self.ask_messages([{"role": "user", "content": query}], user=user, seed=seed, **params)
+    def ask(self, query: str, user: str | None = None, seed=None, bit_seed=None, **params) -> Answer:
+        """Answer one query. ``seed``/``bit_seed`` fix the randomness (benchmarks only: leave them None)."""
+        return self.ask_messages([{"role": "user", "content": query}], user=user, seed=seed,
+                                 bit_seed=bit_seed, params=params)
 
     def _call(self, messages: list[dict], params: dict):
         chat = getattr(self.upstream, "chat", None)
@@ -145,18 +151,21 @@ class LDPCache:
             return raw["choices"][0]["message"]["content"] or "", raw
         return self.upstream(messages, **params), None
 
-    def ask_messages(self, messages: list[dict], user: str | None = None, seed=None, **params) -> Answer:
+    def ask_messages(self, messages: list[dict], user: str | None = None, seed=None, bit_seed=None,
+                     params: dict | None = None) -> Answer:
+        """Answer a chat; ``params`` (max_tokens, temperature, ...) go to the upstream unchanged."""
+        params = dict(params or {})
         user = user or self.default_user
         idx = _private_parts(messages)
         key = "\n".join(_text(messages[i].get("content")) for i in idx)
-        pert_rng, bit_rng = _rngs(seed)
+        pert_rng, bit_rng = _rngs(seed, bit_seed)
         with self._lock:
             res = self.ledger.reserve(user, self.worst_case_epsilon(messages), purpose="query")
             decided = None
             try:
                 self.store.tick(user)
                 emb = self.embedder([key])[0]
-                entry, sim = self.store.nearest(user, emb)
+                entry, sim = self.store.best_for_reuse(user, emb)
                 entries = self.store.entries(user)
                 cloud_acc = float(np.mean([e.accuracy for e in entries])) if entries else 1.0
                 decided = self.scheduler.decide(entry, sim, bit_rng, cloud_acc)

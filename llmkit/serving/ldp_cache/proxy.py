@@ -34,7 +34,8 @@ def _error(message: str, type_: str, status: int, code: str | None = None, param
                         status_code=status)
 
 
-def build_proxy_app(cache, model_name: str = "ldp-proxy") -> FastAPI:
+def build_proxy_app(cache, model_name: str = "ldp-proxy", force_model: str | None = None) -> FastAPI:
+    """``force_model`` replaces the model named in requests (else requests choose it)."""
     app = FastAPI(title="llmkit ldp-proxy", docs_url=None, redoc_url=None)
     app.state.cache = cache
 
@@ -70,8 +71,10 @@ def build_proxy_app(cache, model_name: str = "ldp-proxy") -> FastAPI:
                           "invalid_request_error", 400, param="n")
         user = body.get("user") or None
         params = {k: body[k] for k in _PASS if body.get(k) is not None}
+        if force_model:
+            params["model"] = force_model
         try:
-            ans = await run_in_threadpool(cache.ask_messages, body["messages"], user, None, **params)
+            ans = await run_in_threadpool(lambda: cache.ask_messages(body["messages"], user=user, params=params))
         except BudgetExceeded as e:
             return _error(str(e), "insufficient_quota", 429, code="privacy_budget_exceeded")
         except ValueError as e:

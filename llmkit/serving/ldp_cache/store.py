@@ -120,6 +120,21 @@ class CacheStore:
             i = int(np.argmax(sims))
             return uc.entries[i], float(sims[i])
 
+    def best_for_reuse(self, user: str, embedding: np.ndarray) -> tuple[Entry | None, float]:
+        """The entry with the highest expected reuse accuracy (accuracy x similarity), and its similarity.
+
+        With several entries for one topic, the most similar may be a garbled one; the
+        best answer to reuse is the one most likely right.
+        """
+        with self._lock:
+            uc = self._user(user)
+            if not uc.entries:
+                return None, -1.0
+            sims = uc.emb @ np.asarray(embedding, np.float32)
+            acc = np.array([e.accuracy for e in uc.entries], np.float32)
+            i = int(np.argmax(acc * np.maximum(sims, 0.0)))
+            return uc.entries[i], float(sims[i])
+
     def touch(self, user: str, entry_id: int) -> None:
         """A hit: the entry was used now."""
         with self._lock:
