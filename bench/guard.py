@@ -22,8 +22,10 @@ What it measures, all in one run on the same responses:
    the system instruction re-asserted (same decoding) and re-graded; IHEval scores
    (benchmark averaging, aligned and conflict) with no guard vs guard + correct.
 5. Overhead. For a few test prompts, one request at a time on the transformers
-   engine: generation time vs generation + guard check (annotate), measured back
-   to back on the same request so both see the same machine load.
+   engine, back to back on the same request so all see the same machine load:
+   plain generation vs ``Guard.generate`` (states recorded during generation,
+   `latency_ratio`) vs generation + ``Guard.check`` (a teacher-forced pass, the
+   path for engines without hooks, `latency_ratio_teacher_forced`).
 
     .venv/bin/python bench/guard.py --quick
 """
@@ -51,6 +53,9 @@ def parse_args(argv=None):
     p.add_argument("--limit", type=int, default=None, help="items per variant file (quick 10, full 60)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="quick 40, full 160")
     p.add_argument("--tasks", default=None, help="comma-separated IHEval tasks")
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="skip samples with longer prompts (quick 400: the long Tensor Trust attacks dominate "
+                   "CPU time; full 2048)")
     p.add_argument("--components", type=int, default=16)
     p.add_argument("--target-fpr", type=float, default=0.1)
     p.add_argument("--threads", type=int, default=None,
@@ -99,7 +104,7 @@ def main(argv=None) -> int:
     threads = args.threads or (1 if args.quick else None)
     if threads:
         torch.set_num_threads(threads)
-    limit = args.limit or (10 if args.quick else 60)
+    limit = args.limit or (12 if args.quick else 60)
     max_new = args.max_new_tokens or (40 if args.quick else 160)
     tasks = args.tasks.split(",") if args.tasks else (QUICK_TASKS if args.quick else FULL_TASKS)
     n_lat = args.latency_requests or (4 if args.quick else 12)
@@ -110,8 +115,11 @@ def main(argv=None) -> int:
     params = GenerationParams(max_new_tokens=max_new, temperature=0.0)
     samples = iheval.load(args.data, tasks=tasks, settings=["aligned", "conflict"], limit=limit)
     samples = [s for s in samples if s["id"] not in iheval.INSTRUCTION_IDS]
-    msgs = [iheval.build_messages(s) for s in samples]
+    max_prompt = args.max_prompt_tokens or (400 if args.quick else 2048)
     prompts = [iheval.render_prompt(tok, s) for s in samples]
+    keep = [i for i, p in enumerate(prompts) if len(tok(p, add_special_tokens=False)["input_ids"]) <= max_prompt]
+    samples, prompts = [samples[i] for i in keep], [prompts[i] for i in keep]
+    msgs = [iheval.build_messages(s) for s in samples]
     print(f"# {len(samples)} IHEval samples from {', '.join(tasks)}; greedy, {max_new} new tokens", flush=True)
 
     # 1. responses and grades
@@ -179,19 +187,36 @@ def main(argv=None) -> int:
     res["iheval_guard_correct"] = with_guard["overall"]
     per_task = {k: {"no_guard": v, "guard_correct": with_guard[k]} for k, v in no_guard.items()}
 
-    # 5. overhead, one request at a time (as a server sees them), back to back on the same request
+    # 5. overhead, one request at a time (as a server sees them), back to back on the same request:
+    #    plain generation; generation with the states recorded on the fly (Guard.generate, the hf path);
+    #    and generation followed by a teacher-forced check (Guard.check, what any engine can use)
     lat_idx = sorted(test_idx, key=lambda i: len(prompts[i]))[:: max(1, len(test_idx) // n_lat)][:n_lat]
     engine.generate([prompts[lat_idx[0]]], params)  # warm-up
-    guard.check(engine, msgs[lat_idx[0]], texts[lat_idx[0]])
-    t_gen = t_chk = 0.0
-    for i in lat_idx:
+    guard.generate(engine, [msgs[lat_idx[0]]], params)
+    t_plain = t_rec = t_chk = 0.0
+    for j, i in enumerate(lat_idx):
+        def plain(i=i):
+            t0 = time.perf_counter()
+            text = engine.generate([engine.chat_prompt(msgs[i])], params)[0][0].text
+            return time.perf_counter() - t0, text
+
+        def recorded(i=i):
+            t0 = time.perf_counter()
+            guard.generate(engine, [msgs[i]], params)
+            return time.perf_counter() - t0
+
+        if j % 2:  # alternate the order so that neither side always runs on a warmer cache
+            dr = recorded()
+            dp, text = plain()
+        else:
+            dp, text = plain()
+            dr = recorded()
         t0 = time.perf_counter()
-        out = engine.generate([prompts[i]], params)[0][0].text
-        t1 = time.perf_counter()
-        guard.check(engine, msgs[i], out)
-        t2 = time.perf_counter()
-        t_gen, t_chk = t_gen + (t1 - t0), t_chk + (t2 - t1)
-    res["latency_ratio"] = (t_gen + t_chk) / t_gen
+        guard.check(engine, msgs[i], text)
+        t_chk += time.perf_counter() - t0
+        t_plain, t_rec = t_plain + dp, t_rec + dr
+    res["latency_ratio"] = t_rec / t_plain
+    res["latency_ratio_teacher_forced"] = (t_plain + t_chk) / t_plain
 
     counts = {
         "samples": len(samples), "fit_half": len(fit_idx), "test_half": len(test_idx),
@@ -214,7 +239,9 @@ def main(argv=None) -> int:
     print(f"AEO at threshold      : TPR {res['aeo_tpr_at_threshold']:.3f}  FPR {res['aeo_fpr_at_threshold']:.3f}")
     for k, v in per_task.items():
         print(f"IHEval {k:45s}: no guard {v['no_guard']:.3f}  guard+correct {v['guard_correct']:.3f}")
-    print(f"latency ratio (guard / no guard, hf engine, batch 1): {res['latency_ratio']:.3f}")
+    print(f"latency ratio (guard recording during generation / no guard, hf, batch 1): {res['latency_ratio']:.3f}")
+    print(f"latency ratio (generate + teacher-forced check / no guard, hf, batch 1): "
+          f"{res['latency_ratio_teacher_forced']:.3f}")
     print(f"counts: {json.dumps(counts)}")
 
     RESULTS.mkdir(exist_ok=True)
@@ -222,6 +249,7 @@ def main(argv=None) -> int:
     full = {"figures": res, "iheval_per_task": per_task, "pass_rate_by_setting": per_setting_pass,
             "counts": counts, "threshold": guard.threshold, "layers": layers,
             "config": {"model": DEFAULT_MODEL, "tasks": tasks, "limit": limit, "max_new_tokens": max_new,
+                       "max_prompt_tokens": max_prompt,
                        "components": args.components, "target_fpr": args.target_fpr, "quick": args.quick},
             "seconds": round(time.time() - t_start, 1)}
     out_path.write_text(json.dumps(full, indent=2) + "\n")

@@ -299,9 +299,9 @@ def test_bundled_guard_alias_matches_engine_and_flags_gibberish(bundled):
 
 
 def test_states_recorded_during_generation_match_teacher_forcing(fitted, tiny_model, tiny_tokenizer):
-    from llmkit.generation import GenerationParams
-
     import string
+
+    from llmkit.generation import GenerationParams
 
     # make the random model write ASCII letters only, so that text round-trips to the same tokens
     letters = [i for i, t in enumerate(tiny_tokenizer.convert_ids_to_tokens(list(range(len(tiny_tokenizer)))))

@@ -36,7 +36,7 @@ def reasserted(messages: list[dict], tokenizer=None) -> list[dict]:
         try:
             if note in chat_prompt(tokenizer, trailing):
                 return trailing
-        except Exception:  # templates that allow a system message only first raise here
+        except Exception:  # noqa: BLE001, S110 - templates allowing a system message only first raise here
             pass
     out = [dict(m) for m in messages]
     for m in reversed(out):

@@ -29,7 +29,7 @@ def same_model(a: str, b: str) -> bool:
 
     try:
         ra, rb = Path(resolve(a)), Path(resolve(b))
-    except Exception:
+    except (ValueError, OSError):
         return False
     if ra.exists() and rb.exists():
         return ra.resolve() == rb.resolve()
@@ -90,7 +90,7 @@ class Guard:
                        max_response_tokens=max_response_tokens, progress=progress)
         order = list(range(len(caps)))
         random.Random(seed).shuffle(order)
-        n_hold = int(round(holdout * len(order)))
+        n_hold = round(holdout * len(order))
         if n_hold < 2 or len(order) - n_hold < 2:
             raise ValueError(f"need at least 2 fit and 2 held-out examples; got {len(order)} examples "
                              f"with holdout={holdout}")
