@@ -13,6 +13,8 @@ Figures (each measured against its anchor in the same run):
   reading that quantized past (the solution's own tokens attend to each other unquantized, as in
   any forward pass). ppl = exp(mean NLL over all solution tokens); ratios vs the unquantized
   ``DynamicCache`` ("bf16" in the names; on CPU the model and that cache run in float32).
+  ``hf-quanto`` is transformers' ``QuantizedCache("quanto", nbits=4)`` when optimum-quanto is
+  installed (its first update quantizes the whole prefill, so it reads the context quantized too).
 - GSM8K greedy accuracy (zero-shot chat prompt, last number in the completion vs the gold answer)
   with each cache in ``model.generate``.
 - quantize+dequantize time per token: the keys/values of every layer after a prefill, quantized
@@ -54,7 +56,17 @@ def fewshot_context(train: list[dict], shots: int) -> str:
     return "".join(f"Question: {r['question']}\nAnswer: {r['answer']}\n\n" for r in train[:shots])
 
 
+def quanto_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("optimum") is not None and importlib.util.find_spec("optimum.quanto") is not None
+
+
 def make_cache(name, model, group_size):
+    if name == "hf-quanto":  # transformers' own QuantizedCache (quanto backend, 4-bit, its defaults)
+        from transformers import QuantizedCache
+
+        return QuantizedCache("quanto", model.config, nbits=4)
     return None if name == "bf16" else CACHES[name](model.config, group_size=group_size)
 
 
@@ -235,11 +247,14 @@ def main(argv=None) -> int:
     figs["compression_total"] = round(c["inquant"]["total"], 4)
 
     if "ppl" not in skip:
-        p = perplexity(model, tok, test[:ppl_n], prefix, args.group_size, ["bf16", *METHODS])
+        extra = ["hf-quanto"] if quanto_available() else []
+        if not extra:
+            print("transformers QuantizedCache: skipped, optimum-quanto is not installed")
+        p = perplexity(model, tok, test[:ppl_n], prefix, args.group_size, ["bf16", *METHODS, *extra])
         res["perplexity"] = p
         print(f"perplexity bf16 (unquantized cache): {p['bf16']:.4f} on {p['tokens']} solution tokens "
               f"of {ppl_n} GSM8K test problems ({args.shots}-shot context read from the cache)")
-        for n in METHODS:
+        for n in [*METHODS, *extra]:
             r = p[n] / p["bf16"]
             print(f"perplexity {n}: {p[n]:.4f} (ratio vs bf16 {r:.4f})")
             figs[f"ppl_ratio_{n.replace('-', '_')}"] = round(r, 4)

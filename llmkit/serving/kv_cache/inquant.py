@@ -60,22 +60,23 @@ def assign_donors(saliency: torch.Tensor, outliers: torch.Tensor, max_stride: in
     H, D = saliency.shape
     if 2 * outliers.shape[-1] > D:
         raise ValueError(f"{outliers.shape[-1]} outliers per head need as many donor channels; head_dim is {D}")
-    sal = saliency.detach().float().cpu()
-    out = outliers.cpu()
-    donors = torch.empty_like(out)
+    sal = saliency.detach().float().cpu().tolist()  # plain lists: this loop is tiny but per-element
+    out = outliers.cpu().tolist()
+    donors = []
     for h in range(H):
-        taken = set(out[h].tolist())
-        order = sorted(range(out.shape[1]), key=lambda i: -sal[h, out[h, i]].item())
-        for i in order:
-            c = int(out[h, i])
-            window = [c + s * sign for s in range(1, max_stride + 1) for sign in (-1, 1)]
+        s, taken, mine = sal[h], set(out[h]), [0] * len(out[h])
+        for i in sorted(range(len(out[h])), key=lambda i: -s[out[h][i]]):
+            c = out[h][i]
+            window = [c + st * sign for st in range(1, max_stride + 1) for sign in (-1, 1)]
             cands = [d for d in window if 0 <= d < D and d not in taken]
             if not cands:  # a run of outliers wider than the stride window
                 cands = [d for d in range(D) if d not in taken]
             # min over (saliency, distance): the least salient neighbour, the nearest on ties
-            d = min(cands, key=lambda d: (sal[h, d].item(), abs(d - c)))
-            donors[h, i] = d
+            d = min(cands, key=lambda d: (s[d], abs(d - c)))
+            mine[i] = d
             taken.add(d)
+        donors.append(mine)
+    donors = torch.tensor(donors, dtype=torch.long).view(H, len(out[0]) if out else 0)
     return donors.to(outliers.device)
 
 
