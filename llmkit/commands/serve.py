@@ -31,6 +31,8 @@ def register(sub):
     p.add_argument("--guard-action", choices=("annotate", "block", "correct"), default="annotate",
                    help="what to do with flagged answers (default annotate)")
     p.add_argument("--enforce-eager", action="store_true", help="vllm engine: skip graph capture (faster start)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch CPU threads (default: torch's choice); 1 is often faster on a busy shared CPU")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run)
 
@@ -77,6 +79,10 @@ def run(args) -> int:
 
     from llmkit.models import DEFAULT_MODEL
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     name = args.served_model_name or args.model or DEFAULT_MODEL
     guard = load_guard(args, name)  # before the engine: a wrong guard folder fails in a second
     engine = build_engine(args)

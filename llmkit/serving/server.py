@@ -101,8 +101,8 @@ class _Server:
             raise APIError(413, f"request body larger than {self.cfg.max_body_bytes} bytes")
         try:
             return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise APIError(400, f"the request body is not valid JSON: {e}") from None
+        except (ValueError, RecursionError) as e:  # bad syntax, bad encoding, absurd nesting
+            raise APIError(400, f"the request body is not valid JSON: {type(e).__name__}: {str(e)[:200]}") from None
 
     def encode(self, text: str) -> list[int]:
         return self.engine.tokenizer.encode(text, add_special_tokens=False)
@@ -480,6 +480,14 @@ class BackgroundServer:
 
 def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
     """Serve until SIGINT/SIGTERM; uvicorn then stops accepting and lets in-flight requests finish."""
+    import signal
+
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30, backlog=4096)
+    # uvicorn re-raises the signal it caught once it has shut down; for SIGTERM that would end the
+    # process with -15 after a clean shutdown, so let it land on a handler that just returns (exit 0)
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30, backlog=4096)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
