@@ -81,7 +81,7 @@ def load_hub(hub_id: str, config: str | None, split: str) -> list[dict]:
         import datasets
 
         ds = datasets.load_dataset(hub_id, config, split=split)
-    except Exception as e:  # offline, missing cache, wrong id: all end the same way for a user
+    except Exception as e:  # noqa: BLE001 -- offline, missing cache, wrong id: all end the same way for a user
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(
             f"could not load hub dataset '{hub_id}'{f' ({config})' if config else ''} split '{split}': "

@@ -69,7 +69,7 @@ import json
 import os
 import string
 from collections import Counter, defaultdict
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from statistics import mean
 
@@ -242,7 +242,7 @@ def score_verb_extract(answer: str, prediction: str, loose: bool = False) -> flo
     return max(word_f1(answer, p.split(":")[1] if ":" in p else p) for p in loose_variants(prediction))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _rouge(kind: str):
     from rouge_score import rouge_scorer
 

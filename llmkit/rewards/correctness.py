@@ -14,7 +14,7 @@ Completions are strings, or lists of chat messages (conversational datasets).
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 
 def completion_text(completion) -> str:
@@ -29,7 +29,7 @@ def completion_text(completion) -> str:
     return str(completion)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _task(name: str):
     from llmkit.evals.tasks import get_task
 
