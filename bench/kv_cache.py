@@ -223,9 +223,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
     q = args.quick
-    ppl_n = args.ppl_n or (12 if q else 100)
-    acc_n = args.acc_n or (16 if q else 200)
-    max_new = args.max_new_tokens or (160 if q else 320)
+    ppl_n = args.ppl_n or (6 if q else 100)
+    acc_n = args.acc_n or (8 if q else 200)
+    max_new = args.max_new_tokens or (128 if q else 320)
     skip = set(filter(None, args.skip.split(",")))
 
     model, tok = load(args.model)
@@ -243,6 +243,14 @@ def main(argv=None) -> int:
         print(f"compression {n}: packed {c[n]['packed']:.3f}x, total (packed+scales+descriptors"
               f"{'+outlier buffer' if n == 'outlier-buffer' else ''}) {c[n]['total']:.3f}x vs bf16 "
               f"at {args.compress_len} tokens")
+    from llmkit.serving.kv_cache import InQuantCache
+
+    probe = InQuantCache(model.config)
+    model(tok(long_text, return_tensors="pt").input_ids[:, :args.compress_len], past_key_values=probe)
+    pairs = probe.outlier_pairs()
+    res["inquant_outlier_pairs"] = pairs
+    print(f"inquant slot reuse: {pairs['k']} key and {pairs['v']} value (outlier, donor) pairs kept per kv-head "
+          f"over all layers, of {pairs['possible']} possible (the rest did not pay, see inquant.py)")
     figs["compression_packed"] = round(c["inquant"]["packed"], 4)
     figs["compression_total"] = round(c["inquant"]["total"], 4)
 

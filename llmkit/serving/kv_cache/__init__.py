@@ -64,10 +64,19 @@ class QuantizedKVCache(Cache):
 class InQuantCache(QuantizedKVCache):
     """InQuant 4-bit packed cache with in-place 8-bit outlier channels (see ``inquant.py``)."""
 
-    def __init__(self, config, group_size: int = 128, n_outliers: int = 4, max_stride: int = 4,
-                 n_samples: int = 64, seed: int = 0, backend: str = "auto"):
+    def __init__(self, config, group_size: int = 128, n_outliers: int = 4, max_stride: int = 8,
+                 n_samples: int = 64, seed: int = 0, backend: str = "auto", min_ratio: float = 15.0):
         super().__init__(config, lambda: InQuantLayer(group_size, n_outliers, max_stride, n_samples,
-                                                      seed, backend))
+                                                      seed, backend, min_ratio))
+
+    def outlier_pairs(self) -> dict[str, int]:
+        """How many (outlier, donor) pairs per kv-head each layer's descriptors kept, summed."""
+        out = {"k": 0, "v": 0, "possible": 0}
+        for layer in self.layers:
+            for which, d in layer.descriptors.items():
+                out[which] += d.outliers.shape[1]
+                out["possible"] += layer.n_outliers
+        return out
 
 
 class KIVICache(QuantizedKVCache):

@@ -143,9 +143,10 @@ class InQuantLayer(_WindowedQuantLayer):
     """InQuant: keys and values per channel over ``group_size`` tokens, ``n_outliers`` 8-bit
     channels per kv-head stored in place through donor slots (see ``inquant.py``)."""
 
-    def __init__(self, group_size: int = 128, n_outliers: int = 4, max_stride: int = 4,
-                 n_samples: int = 64, seed: int = 0, backend: str = "auto"):
+    def __init__(self, group_size: int = 128, n_outliers: int = 4, max_stride: int = 8,
+                 n_samples: int = 64, seed: int = 0, backend: str = "auto", min_ratio: float = 15.0):
         self.n_outliers, self.max_stride, self.n_samples = n_outliers, max_stride, n_samples
+        self.min_ratio = min_ratio
         self.seed, self.backend = seed, backend
         super().__init__(group_size)
 
@@ -157,7 +158,8 @@ class InQuantLayer(_WindowedQuantLayer):
     def _quantize(self, x, which, G):
         B, H, n, D = x.shape
         if which not in self.descriptors:
-            d = estimate_descriptor(x, self.n_outliers, self.max_stride, self.n_samples, self.seed)
+            d = estimate_descriptor(x, self.n_outliers, self.max_stride, self.n_samples, self.seed,
+                                    self.min_ratio)
             self.descriptors[which] = d
         d = self.descriptors[which]
         role, partner = role_maps(d.outlier_ids.to(x.device), d.donor_ids.to(x.device), D)
