@@ -3,7 +3,8 @@
 Both trainers get the same model weights, data, seed and GRPO config; VSPO adds its steering hook
 (per-row intensities spread over each group) around generation. Every rollout is forced to the full
 ``max_completion_length`` (``min_new_tokens``) so that both do the same amount of generation and the ratio
-measures VSPO's overhead, not how long the steered answers happen to be. Rounds alternate the trainers
+measures VSPO's overhead, not how long the steered answers happen to be. ``--quick`` uses a tiny random Llama (there the hook's cost is
+relatively larger than on a real model, so the quick ratio is a pessimistic bound). Rounds alternate the trainers
 (GRPO k steps, VSPO k steps, ...) so load changes on this shared machine hit both; the figure is the ratio
 of the per-step medians. The full run also times VSPO with the truncated importance correction (one
 extra steered forward pass per generation batch).
@@ -29,14 +30,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="2 rounds of 2 steps, no importance-correction arm")
-    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--quick", action="store_true", help="a tiny random Llama (4 layers, hidden 256), 3 rounds of "
+                    "3 steps, no importance-correction arm")
+    ap.add_argument("--model", default=None, help="default: smollm2-135m-instruct (full), tiny (--quick)")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--steps", type=int, default=None, help="steps per trainer per round")
     ap.add_argument("--completion-length", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = ap.parse_args()
-    rounds = args.rounds or (2 if args.quick else 4)
-    steps = args.steps or (2 if args.quick else 3)
+    rounds = args.rounds or (3 if args.quick else 4)
+    steps = args.steps or 3
+    args.model = args.model or ("tiny" if args.quick else "smollm2-135m-instruct")
 
     import torch
     from datasets import Dataset
@@ -51,8 +55,13 @@ def main():
     from llmkit.train.vspo.data import build_rows, load_records
     from llmkit.train.vspo.trainer import VSPOTrainer
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    model, tok = load(args.model)
+    torch.set_num_threads(args.threads)  # 1 by default: on a shared, overloaded CPU extra OpenMP threads spin and stall
+    if args.model == "tiny":
+        from llmkit.testing import tiny_llama, tiny_tokenizer
+
+        model, tok = tiny_llama(hidden_size=256, num_layers=4), tiny_tokenizer()
+    else:
+        model, tok = load(args.model)
     rows = build_rows(load_records(str(REPO / "../shared/data/gsm8k/train.jsonl"), 64, "train"), "verbosity")
     vec = extract(model, tok, contrastive_pairs("verbosity", [r["question"] for r in rows[-8:]]), behavior="verbosity")
     ds = Dataset.from_list(rows[:32])
