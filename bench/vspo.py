@@ -37,7 +37,12 @@ def main():
     ap.add_argument("--steps", type=int, default=None, help="steps per trainer per round")
     ap.add_argument("--completion-length", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--compare-runs", nargs=2, metavar=("VSPO_DIR", "GRPO_DIR"), default=None,
+                    help="instead of timing: summarise two finished `llmkit train vspo` runs (VSPO and --mode grpo): "
+                    "behaviour rate and accuracy before/after, and their reward curves in one plot")
     args = ap.parse_args()
+    if args.compare_runs:
+        return compare_runs(*map(Path, args.compare_runs))
     rounds = args.rounds or (3 if args.quick else 4)
     steps = args.steps or 3
     args.model = args.model or ("tiny" if args.quick else "smollm2-135m-instruct")
@@ -114,6 +119,39 @@ def main():
     out.write_text(json.dumps({"figures": fig, "step_times": {k: t.times for k, t in timers.items()},
                                "rounds": rounds, "steps_per_round": steps, "model": args.model,
                                "completion_length": args.completion_length, "rows_per_step": 8}, indent=2) + "\n")
+    print(f"wrote {out}")
+    print(json.dumps(fig))
+
+
+def compare_runs(vspo_dir: Path, grpo_dir: Path) -> None:
+    from llmkit.train.common import plot_curves
+
+    fig, series = {}, {}
+    ev = {name: json.loads((d / "eval.json").read_text()) for name, d in (("vspo", vspo_dir), ("grpo", grpo_dir))}
+    before = ev["vspo"].get("before") or ev["grpo"].get("before")
+    if before:
+        fig.update({"before_accuracy": before["accuracy"], "before_behavior_rate": before["behavior_rate"],
+                    "before_mean_words": before["mean_words"]})
+    for name, d in (("vspo", vspo_dir), ("grpo", grpo_dir)):
+        after = ev[name]["after"]
+        fig.update({f"{name}_after_accuracy": after["accuracy"], f"{name}_after_behavior_rate": after["behavior_rate"],
+                    f"{name}_after_mean_words": after["mean_words"], f"{name}_steps": ev[name].get("steps")})
+        for key in ("reward", "rewards/verbosity/mean", "rewards/gsm8k_correctness/mean"):
+            xs, ys = [], []
+            for line in (d / "metrics.jsonl").read_text().splitlines():
+                rec = json.loads(line)
+                if isinstance(rec.get(key), (int, float)):
+                    xs.append(rec["step"])
+                    ys.append(rec[key])
+            series[f"{name} {key}"] = (xs, ys)
+    fig["n_eval_problems"] = (before or ev["vspo"]["after"])["n"]
+    for k, v in fig.items():
+        print(f"{k}: {v}")
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / "vspo_bundled_run.json"
+    out.write_text(json.dumps({"figures": fig, "eval": ev, "runs": [str(vspo_dir), str(grpo_dir)]}, indent=2) + "\n")
+    plot_curves(series, RESULTS / "vspo_bundled_run.png", title="VSPO vs reward-shaped GRPO (bundled model, CPU)",
+                ylabel="mean reward per step")
     print(f"wrote {out}")
     print(json.dumps(fig))
 
