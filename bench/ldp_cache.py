@@ -40,6 +40,7 @@ import json
 import os
 import random
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -156,7 +157,7 @@ def start_server(port: int, timeout: float = 600.0):
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.Popen([sys.executable, "-m", "llmkit.cli", "serve", "--port", str(port),
-                             "--log-level", "warning"], cwd=REPO, env=env,
+                             "--log-level", "warning", "--threads", "1"], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -225,11 +226,11 @@ def main(argv=None) -> int:
     ap.add_argument("--problems", type=int, default=None, help="distinct GSM8K problems (quick 6, full 20)")
     ap.add_argument("--visits", type=int, default=None, help="visits (2-4 variants each; quick 12, full 45)")
     ap.add_argument("--capacity", type=int, default=None, help="cache entries (quick 3, full 8)")
-    ap.add_argument("--epsilon-per-token", type=float, default=34.0)
+    ap.add_argument("--epsilon-per-token", type=float, default=38.0)
     ap.add_argument("--rr-epsilon", type=float, default=3.0)
     ap.add_argument("--sim-threshold", type=float, default=0.8)
     ap.add_argument("--gain-threshold", type=float, default=0.1)
-    ap.add_argument("--max-tokens", type=int, default=None, help="answer length (quick 96, full 192)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="answer length (quick 64, full 192)")
     ap.add_argument("--repeats", type=int, default=None, help="scheduler-coin seeds per cache arm (quick 5, full 20)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data", type=Path, default=DATA)
@@ -240,23 +241,31 @@ def main(argv=None) -> int:
     problems_n = args.problems or (6 if q else 20)
     visits = args.visits or (12 if q else 45)
     capacity = args.capacity or (3 if q else 8)
-    max_tokens = args.max_tokens or (96 if q else 192)
+    max_tokens = args.max_tokens or (64 if q else 192)
     repeats = args.repeats or (5 if q else 20)
     if not args.data.is_file():
         print(f"no such file: {args.data}", file=sys.stderr)
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # SIGTERM -> SystemExit, so the `finally` below still stops the server subprocess
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     from tqdm import tqdm
 
-    from llmkit.serving.ldp_cache import (ExponentialTokenMechanism, LDPScheduler, OpenAIUpstream,
-                                          PerQueryLDP, PrivacyLedger, ThresholdScheduler)
+    from llmkit.serving.ldp_cache import (
+        ExponentialTokenMechanism,
+        LDPScheduler,
+        OpenAIUpstream,
+        PerQueryLDP,
+        PrivacyLedger,
+        ThresholdScheduler,
+    )
     from llmkit.serving.ldp_cache.embedder import MiniLMEmbedder
 
     problems = load_problems(args.data, problems_n, args.seed)
     queries = build_workload(problems, visits, args.seed)
     n = len(queries)
-    print(f"workload: {n} queries, {len(set(x['problem'] for x in queries))} GSM8K train problems, "
+    print(f"workload: {n} queries, {len({x['problem'] for x in queries})} GSM8K train problems, "
           f"{visits} visits of 2-4 templated variants, revisit probability 0.5", flush=True)
 
     t0 = time.time()
@@ -271,7 +280,7 @@ def main(argv=None) -> int:
             print(f"starting llmkit serve on port {port} ...", flush=True)
             proc = start_server(port)
             url = f"http://127.0.0.1:{port}"
-        up = MemoUpstream(OpenAIUpstream(url))
+        up = MemoUpstream(OpenAIUpstream(url, timeout=3600.0))
         model = up.upstream.model
 
         # arm 1: per-query LDP, no cache (every query perturbed and sent; calls run concurrently so
@@ -287,7 +296,7 @@ def main(argv=None) -> int:
         calls_baseline = up.calls
 
         # a reference without privacy: each problem asked once, plainly
-        plain = OpenAIUpstream(url)
+        plain = OpenAIUpstream(url, timeout=3600.0)
         with cf.ThreadPoolExecutor(16) as ex:
             outs = list(ex.map(lambda p: plain([{"role": "user", "content": p["question"]}],
                                                max_tokens=max_tokens, temperature=0), problems))

@@ -7,9 +7,19 @@ import math
 import numpy as np
 import pytest
 
-from llmkit.serving.ldp_cache import (BudgetExceeded, CacheStore, ExponentialTokenMechanism, LDPCache,
-                                      LDPScheduler, LRUPolicy, MultiFactorPolicy, PerQueryLDP, PrivacyLedger,
-                                      ThresholdScheduler, UpstreamError)
+from llmkit.serving.ldp_cache import (
+    BudgetExceeded,
+    CacheStore,
+    ExponentialTokenMechanism,
+    LDPCache,
+    LDPScheduler,
+    LRUPolicy,
+    MultiFactorPolicy,
+    PerQueryLDP,
+    PrivacyLedger,
+    ThresholdScheduler,
+    UpstreamError,
+)
 from llmkit.serving.ldp_cache.embedder import HashEmbedder
 from llmkit.serving.ldp_cache.store import Entry
 
@@ -86,7 +96,7 @@ def test_unreached_upstream_refunds_the_query_but_a_sent_failure_is_charged(tmp_
 
 
 def test_state_persists_across_instances(tmp_path):
-    cache, up = make(tmp_path)
+    cache, _ = make(tmp_path)
     first = cache.ask(Q1)
     cache.store.close()
     again, up2 = make(tmp_path)
@@ -96,7 +106,7 @@ def test_state_persists_across_instances(tmp_path):
 
 
 def test_users_do_not_share_cache_entries(tmp_path):
-    cache, up = make(tmp_path)
+    cache, _ = make(tmp_path)
     cache.ask(Q1, user="alice")
     assert not cache.ask(Q1, user="bob").cache_hit
 

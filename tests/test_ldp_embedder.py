@@ -18,7 +18,7 @@ def test_minilm_embeds_offline_and_drives_the_mechanism():
     v = emb([Q, "Solve this math word problem: " + Q, "Weng earns $12 an hour for babysitting."])
     assert v.shape == (3, 384)
     assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
-    assert v[0] @ v[1] > 0.8 > 0.5 > v[0] @ v[2]  # a templated variant is near, another problem far
+    assert v[0] @ v[1] > 0.8 and v[0] @ v[2] < 0.5  # a templated variant is near, another problem far
 
     m = ExponentialTokenMechanism.from_minilm(60.0)
     n = len(m.tokenize(Q))

@@ -132,7 +132,8 @@ def test_sigkilled_processes_never_undercount_or_overspend(tmp_path):
         p.join(60)
         assert p.exitcode in (0, -signal.SIGKILL)
     led = PrivacyLedger(path, 10.0)
-    sent = [float(x) for x in open(log).read().split()]
+    with open(log) as f:
+        sent = [float(x) for x in f.read().split()]
     booked = led.spent("u")
     assert booked <= 10.0
     # every settled query shrank to 0.5 or stayed 0.7; crashed ones stay at their full reservation

@@ -7,8 +7,14 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from llmkit.serving.ldp_cache import (CacheStore, ExponentialTokenMechanism, LDPCache, LDPScheduler,
-                                      OpenAIUpstream, PrivacyLedger)
+from llmkit.serving.ldp_cache import (
+    CacheStore,
+    ExponentialTokenMechanism,
+    LDPCache,
+    LDPScheduler,
+    OpenAIUpstream,
+    PrivacyLedger,
+)
 from llmkit.serving.ldp_cache.embedder import HashEmbedder
 from llmkit.serving.ldp_cache.proxy import build_proxy_app
 from llmkit.serving.server import BackgroundServer
@@ -61,7 +67,7 @@ def ask(client, text, **extra):
 def test_proxy_caches_charges_and_refuses_openai_style(upstream, tmp_path):
     url, up_app = upstream
     # a miss costs 100 x (2 system + 7 user tokens) = 900 (+40 for the bit once the cache is non-empty)
-    app, cache = make_proxy(url, tmp_path, budget=900 + 40 + 900)
+    app, _ = make_proxy(url, tmp_path, budget=900 + 40 + 900)
     c = TestClient(app)
     r1 = ask(c, "how many apples does tom have?", max_tokens=7, seed=3)
     assert r1.status_code == 200, r1.text

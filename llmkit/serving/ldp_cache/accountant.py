@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -78,7 +79,10 @@ class PrivacyLedger:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self.default_budget = float(default_budget)
-        self._mem = sqlite3.connect(":memory:", isolation_level=None) if self.path == ":memory:" else None
+        # ":memory:" (tests, benchmarks) has one shared connection, so it is serialized by a lock
+        self._mem = (sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+                     if self.path == ":memory:" else None)
+        self._mem_lock = threading.RLock()
         with self._conn() as c:
             c.execute("PRAGMA journal_mode=WAL")
             c.executescript(_SCHEMA)
@@ -86,13 +90,16 @@ class PrivacyLedger:
     @contextmanager
     def _conn(self):
         # a fresh connection per operation: no state survives a crash except what was committed
-        c = self._mem or sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+        if self._mem is not None:
+            with self._mem_lock:
+                yield self._mem
+            return
+        c = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
         try:
             c.execute("PRAGMA synchronous=FULL")  # a committed reservation survives power loss too
             yield c
         finally:
-            if self._mem is None:
-                c.close()
+            c.close()
 
     def _fault(self, stage: str) -> None:
         """Fault-injection point for crash tests (a no-op in normal use)."""

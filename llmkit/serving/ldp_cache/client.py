@@ -17,9 +17,9 @@ failure keeps the whole reservation (the upstream may have seen the query).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

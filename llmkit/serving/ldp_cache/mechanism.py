@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -117,7 +117,7 @@ class ExponentialTokenMechanism:
 
     @classmethod
     def word_level(cls, vocab: Sequence[str], embeddings: np.ndarray,
-                   epsilon_per_token: float) -> "ExponentialTokenMechanism":
+                   epsilon_per_token: float) -> ExponentialTokenMechanism:
         """A small whitespace-word vocabulary (tests, demos); unknown words map to ``vocab[0]``."""
         index = {w: i for i, w in enumerate(vocab)}
 
@@ -127,7 +127,7 @@ class ExponentialTokenMechanism:
         return cls(embeddings, epsilon_per_token, tokenize, lambda ids: " ".join(vocab[i] for i in ids))
 
     @classmethod
-    def from_minilm(cls, epsilon_per_token: float, path=None) -> "ExponentialTokenMechanism":
+    def from_minilm(cls, epsilon_per_token: float, path=None) -> ExponentialTokenMechanism:
         """The vocabulary and embeddings of all-MiniLM-L6-v2's word-piece table (29.5k tokens)."""
         emb, domain, tok = _minilm_vocab(str(path) if path else None)
         index = {tid: i for i, tid in enumerate(domain)}

@@ -61,7 +61,7 @@ def build_proxy_app(cache, model_name: str = "ldp-proxy", force_model: str | Non
     async def chat(request: Request):
         try:
             body = await request.json()
-        except Exception:
+        except ValueError:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
             return _error("the request body is not valid JSON", "invalid_request_error", 400)
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return _error("'messages' must be a list of {role, content}", "invalid_request_error", 400,

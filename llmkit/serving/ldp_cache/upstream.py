@@ -17,8 +17,7 @@ class UpstreamError(RuntimeError):
 def _base(url: str) -> str:
     url = url.rstrip("/")
     for suffix in ("/chat/completions", "/v1"):
-        if url.endswith(suffix):
-            url = url[: -len(suffix)]
+        url = url.removesuffix(suffix)
     return url.rstrip("/")
 
 
@@ -64,7 +63,7 @@ class OpenAIUpstream:
         if r.status_code != 200:
             try:
                 msg = r.json()["error"]["message"]
-            except Exception:
+            except (ValueError, KeyError, TypeError):
                 msg = r.text[:300]
             raise UpstreamError(f"upstream answered {r.status_code}: {msg}", sent=True, status=r.status_code)
         return r.json()
