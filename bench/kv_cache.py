@@ -223,9 +223,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
     q = args.quick
-    ppl_n = args.ppl_n or (6 if q else 100)
-    acc_n = args.acc_n or (8 if q else 200)
-    max_new = args.max_new_tokens or (128 if q else 320)
+    ppl_n = args.ppl_n or (3 if q else 100)
+    acc_n = args.acc_n or (6 if q else 200)
+    max_new = args.max_new_tokens or (96 if q else 320)
     skip = set(filter(None, args.skip.split(",")))
 
     model, tok = load(args.model)
@@ -246,7 +246,8 @@ def main(argv=None) -> int:
     from llmkit.serving.kv_cache import InQuantCache
 
     probe = InQuantCache(model.config)
-    model(tok(long_text, return_tensors="pt").input_ids[:, :args.compress_len], past_key_values=probe)
+    with torch.inference_mode():
+            model(tok(long_text, return_tensors="pt").input_ids[:, :args.compress_len], past_key_values=probe)
     pairs = probe.outlier_pairs()
     res["inquant_outlier_pairs"] = pairs
     print(f"inquant slot reuse: {pairs['k']} key and {pairs['v']} value (outlier, donor) pairs kept per kv-head "
