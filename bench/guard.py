@@ -99,6 +99,7 @@ def main(argv=None) -> int:
     from llmkit.models import DEFAULT_MODEL, load
     from llmkit.serving.guard import Guard, capture
     from llmkit.serving.guard import baselines as B
+    from llmkit.serving.guard import score as S
 
     torch.manual_seed(0)
     threads = args.threads or (1 if args.quick else None)
@@ -157,7 +158,17 @@ def main(argv=None) -> int:
         probe_all = probe.scores(caps)
     except ValueError:  # the fit half holds only one class: the probe cannot train
         probe_all = [0.0] * len(caps)
-    methods = {"aeo": aeo_all, "perplexity": ppl, "entropy": ent, "keyword": kw, "probe": probe_all}
+    # variant: one state per response (the trajectory's centroid) instead of every token
+    from llmkit.serving.guard import Manifold
+
+    cent = B.pooled(caps, layers)
+    fit_rows = [i for i in fit_ok[n_hold:]]
+    d = model.config.hidden_size
+    cent_m = {j: Manifold.fit(cent[fit_rows, j * d : (j + 1) * d], args.components) for j in range(len(layers))}
+    cent_raw = torch.stack([cent_m[j].energy(cent[:, j * d : (j + 1) * d]) for j in range(len(layers))], 1)
+    med, scale = S.robust_scale(cent_raw[fit_ok[:n_hold]].double())
+    aeo_centroid = S.chaos(cent_raw.double(), med, scale).tolist()
+    methods = {"aeo": aeo_all, "aeo_centroid": aeo_centroid, "perplexity": ppl, "entropy": ent, "keyword": kw, "probe": probe_all}
     res: dict = {}
     for name, sc in methods.items():
         res[f"auroc_{name}"] = B.auroc([sc[i] for i in det], y)
@@ -171,7 +182,8 @@ def main(argv=None) -> int:
                                    / max(1, len(y) - sum(y)))
 
     # 4. correction on the test half
-    corrected = dict(zip(flagged_test, guard.correct_batch(engine, [msgs[i] for i in flagged_test], params)))
+    corrected = dict(zip(flagged_test, guard.correct_batch(engine, [msgs[i] for i in flagged_test], params,
+                                                           originals=[texts[i] for i in flagged_test])))
 
     def rows(use_corrected: bool):
         out = []

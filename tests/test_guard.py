@@ -177,7 +177,10 @@ def test_check_and_correct_through_engine(fitted, tiny_model, tiny_tokenizer, mo
     text = fitted.correct(eng, good[:-1], GenerationParams(max_new_tokens=4))
     assert isinstance(text, str)
     last = eng.prompts[-1]
-    assert last.rindex(SYSTEM) > last.rindex("question")  # the instruction is re-asserted after the user turn
+    assert last.rindex("Reminder") > last.rindex("question")  # the instruction is re-asserted after the user turn
+    # with the flagged original given, a correction that scores worse than it is not taken
+    best = "bonjour merci oui"
+    assert fitted.correct(eng, good[:-1], GenerationParams(max_new_tokens=4), original=best) == best
 
     # an engine without transformers weights (vLLM) gets one cached copy loaded by name
     class NoWeights:
@@ -196,8 +199,10 @@ def test_check_and_correct_through_engine(fitted, tiny_model, tiny_tokenizer, mo
 
 def test_reassert_places_system_after_last_user(tiny_tokenizer):
     msgs = conv("do X instead", "")[:-1]
-    out = reasserted(msgs, tiny_tokenizer)
+    out = reasserted(msgs, tiny_tokenizer, verbatim=True)
     assert out[-1]["role"] == "system" and SYSTEM in out[-1]["content"] and msgs[-1]["role"] == "user"
+    generic = reasserted(msgs, tiny_tokenizer)
+    assert generic[-1]["role"] == "system" and SYSTEM not in generic[-1]["content"]
     assert len(msgs) == 2  # the caller's list is untouched
 
     class FirstOnly:  # a template that rejects a later system message: fall back to the user turn
@@ -206,7 +211,7 @@ def test_reassert_places_system_after_last_user(tiny_tokenizer):
                 raise ValueError("system only first")
             return "".join(m["content"] for m in messages)
 
-    out = reasserted(msgs, FirstOnly())
+    out = reasserted(msgs, FirstOnly(), verbatim=True)
     assert out[-1]["role"] == "user" and out[-1]["content"].startswith("do X instead") and SYSTEM in out[-1]["content"]
 
 

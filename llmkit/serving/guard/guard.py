@@ -232,18 +232,29 @@ class Guard:
         return [(comps[i].text, self._result(z[i], caps[i].n_tokens)) for i in range(len(caps))]
 
     # ---- correction -------------------------------------------------------------------------
-    def correct(self, engine, messages: list[dict], params, steer_alpha: float = 0.0) -> str:
-        """A new response to ``messages`` with the system instruction re-asserted (see :mod:`correct`)."""
-        return self.correct_batch(engine, [messages], params, steer_alpha=steer_alpha)[0]
+    def correct(self, engine, messages: list[dict], params, steer_alpha: float = 0.0,
+                original: str | None = None) -> str:
+        """A new response to ``messages`` with the system instruction re-asserted (see :mod:`correct`).
 
-    def correct_batch(self, engine, prompts_messages: list[list[dict]], params,
-                      steer_alpha: float = 0.0) -> list[str]:
+        With ``original`` (the flagged response), the correction is itself checked and the
+        original is kept when the correction does not lower the chaos score.
+        """
+        return self.correct_batch(engine, [messages], params, steer_alpha=steer_alpha,
+                                  originals=None if original is None else [original])[0]
+
+    def correct_batch(self, engine, prompts_messages: list[list[dict]], params, steer_alpha: float = 0.0,
+                      originals: list[str] | None = None) -> list[str]:
         from llmkit.serving.guard.correct import reasserted, steering
 
         prompts = [engine.chat_prompt(reasserted(m, engine.tokenizer)) for m in prompts_messages]
         model = getattr(engine, "model", None)
-        ctx = steering(model, self.manifolds, steer_alpha) if isinstance(model, torch.nn.Module) else None
-        if ctx is None:
-            return [c[0].text for c in engine.generate(prompts, params)]
-        with ctx:
-            return [c[0].text for c in engine.generate(prompts, params)]
+        if isinstance(model, torch.nn.Module):
+            with steering(model, self.manifolds, steer_alpha):
+                texts = [c[0].text for c in engine.generate(prompts, params)]
+        else:
+            texts = [c[0].text for c in engine.generate(prompts, params)]
+        if originals is None:
+            return texts
+        new = self.check_batch(engine, prompts_messages, texts)
+        old = self.check_batch(engine, prompts_messages, originals)
+        return [t if n["score"] < o["score"] else orig for t, orig, n, o in zip(texts, originals, new, old)]
