@@ -85,7 +85,7 @@ def test_proxy_caches_charges_and_refuses_openai_style(upstream, tmp_path):
     assert r3.status_code == 429
     err = r3.json()["error"]
     assert err["type"] == "insufficient_quota" and err["code"] == "privacy_budget_exceeded"
-    assert "privacy budget exhausted for user 'default'" in err["message"]
+    assert "privacy budget would be exceeded for user 'default'" in err["message"]
     assert len(up_app.state.seen) == 1
     b = c.get("/v1/ldp/budget").json()
     assert b["spent"] == pytest.approx(940) and b["spent"] <= b["budget"]

@@ -44,7 +44,7 @@ class BudgetExceeded(Exception):
     def __init__(self, user: str, budget: float, spent: float, needed: float):
         self.user, self.budget, self.spent, self.needed = user, budget, spent, needed
         super().__init__(
-            f"privacy budget exhausted for user '{user}': spent {spent:.6g} of epsilon {budget:.6g}, "
+            f"privacy budget would be exceeded for user '{user}': spent {spent:.6g} of epsilon {budget:.6g}, "
             f"the next query needs up to {needed:.6g} (remaining {max(budget - spent, 0.0):.6g})")
 
 
