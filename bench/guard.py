@@ -19,7 +19,8 @@ What it measures, all in one run on the same responses:
    probe trains on the fit half with labels; every AUROC / FPR@95%TPR is computed
    on the test half only. Perplexity and keyword need no fitting.
 4. Correction. On the test half, responses the guard flags are regenerated with
-   the system instruction re-asserted (same decoding) and re-graded; IHEval scores
+   the system instruction re-asserted (same decoding), the regeneration is kept
+   only when its chaos score is lower than the flagged original's, and re-graded; IHEval scores
    (benchmark averaging, aligned and conflict) with no guard vs guard + correct.
 5. Overhead. For a few test prompts, one request at a time on the transformers
    engine, back to back on the same request so all see the same machine load:

@@ -23,9 +23,12 @@ Algorithm here
    ``c_l = mean_t (h_t - mu_l)^T Sigma_l^{-1} (h_t - mu_l) / d`` (= drift of the
    trajectory's mean + its scatter ``tr(Sigma^{-1} S)``, per dimension); then
    ``chaos = mean_l (c_l - median_l) / (1.4826 MAD_l)`` and ``flagged = chaos > threshold``.
-4. Correct (:mod:`correct`): regenerate with the system instruction re-asserted after
-   the last user turn; optionally (transformers engine) pull the guard layers' states
-   a fraction ``alpha`` toward the compliant mean during the regeneration.
+4. Correct (:mod:`correct`): regenerate with a reminder after the last user turn that the
+   system instructions take priority (``verbatim=True`` repeats them; the bundled 135M model
+   copies repeated text such as "respond with 'Access Granted'" into its answer, so the
+   default only points back to them); optionally (transformers engine) pull the guard
+   layers' states a fraction ``alpha`` toward the compliant mean. Given the flagged
+   ``original``, the correction is kept only when its chaos score is lower.
 
 Deviations from the paper (only the abstract is available)
 ----------------------------------------------------------
@@ -51,8 +54,11 @@ Contract with the server (``llmkit serve --guard DIR --guard-action annotate|blo
   ``flagged`` (bool), ``threshold`` (float), ``layer_scores`` ({layer: z}),
   ``n_tokens`` (int). ``messages`` is the prompt (OpenAI chat format, without the
   response). ``check_batch(engine, list_of_messages, responses)`` does many at once.
-- ``guard.correct(engine, messages, params: GenerationParams) -> str``: the corrected
-  response text (same decoding parameters).
+- ``guard.correct(engine, messages, params: GenerationParams, original=None) -> str``: the
+  corrected response text (same decoding parameters); with ``original`` the flagged response
+  is returned instead when the correction scores no better.
+- ``guard.generate(engine, list_of_messages, params) -> [(text, check result)]``: on the hf
+  engine the states are recorded during generation (no second forward pass).
 - ``engine`` is an ``llmkit.engines`` engine. For ``hf`` the hidden states come from
   ``engine.model``; for ``vllm`` a transformers copy of ``engine.model_name`` is loaded
   once (``llmkit.models.load``) and cached for the teacher-forced pass.
