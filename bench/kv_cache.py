@@ -188,7 +188,9 @@ def quant_speed(model, tok, text: str, length: int, group_size: int, reps: int) 
 
 @torch.inference_mode()
 def decode_speed(model, tok, prompts, names, group_size, new_tokens) -> dict:
+    side, tok.padding_side = tok.padding_side, "left"
     enc = tok(prompts, return_tensors="pt", padding=True)
+    tok.padding_side = side
     out = {}
     for name in names:
         kw = {}

@@ -62,7 +62,11 @@ class QuantizedKVCache(Cache):
 
 
 class InQuantCache(QuantizedKVCache):
-    """InQuant 4-bit packed cache with in-place 8-bit outlier channels (see ``inquant.py``)."""
+    """InQuant 4-bit packed cache with in-place 8-bit outlier channels (see ``inquant.py``).
+
+    ``min_ratio`` gates slot reuse (a pair is kept only where the outlier's range exceeds
+    ``min_ratio`` x its donor's); ``min_ratio=0`` applies the paper's reuse unconditionally.
+    """
 
     def __init__(self, config, group_size: int = 128, n_outliers: int = 4, max_stride: int = 8,
                  n_samples: int = 64, seed: int = 0, backend: str = "auto", min_ratio: float = 15.0):
