@@ -284,7 +284,8 @@ def test_shipped_configs_parse(repo_root, name):
 
     # the GPU config asks for bf16, which the CPU-only parser rejects; everything else must parse as is
     extra = ["--bf16", "false"] if "gpu" in name else []
-    _, (halo, train, model) = parse_method_args(
+    _, (halo, train, model_cfg) = parse_method_args(
         "halo", ["--config", str(repo_root / f"recipes/configs/halo/{name}.yaml"), *extra])
     assert halo.halo_method == "halo" and train.output_dir.startswith("outputs/halo")
+    assert model_cfg.model_name_or_path
     assert bool(train.teacher_model_name_or_path) == name.endswith("_kd")
