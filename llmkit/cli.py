@@ -70,4 +70,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the imported module: as __main__ this file's UserError would be a different
+    # class from the llmkit.cli.UserError that commands raise, and errors would print tracebacks.
+    from llmkit.cli import main as _main
+
+    sys.exit(_main())

@@ -48,6 +48,16 @@ def test_unknown_model_is_one_line_exit_2(tmp_path):
     assert len(lines) == 1 and "unknown model" in lines[0] and "smollm2-135m-instruct" in lines[0], r.stderr
 
 
+def test_user_error_raised_inside_a_command_is_one_line_exit_2(tmp_path):
+    # `python -m llmkit.cli` runs cli.py as __main__; the command raises llmkit.cli.UserError,
+    # which must still be caught there (it was a traceback when the two classes differed)
+    r = run_cli("guard", "fit", "--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "g"))
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "no such file" in lines[0] and "missing.jsonl" in lines[0]
+
+
 def test_models_lists_default_alias(capsys):
     assert main(["models"]) == 0
     out = capsys.readouterr().out
