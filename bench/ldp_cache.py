@@ -5,31 +5,57 @@ per-query LDP without a cache (budget, accuracy), LRU eviction at the same capac
 ratio), and a GPTCache-style similarity-threshold cache (hit ratio; its decision is not
 private, so it is a reference only).
 
-Workload (from GSM8K train, ../shared/data/gsm8k/train.jsonl)
-    A user works through a handful of short GSM8K problems (at most two calculator steps,
-    at most 45 words, sampled with a fixed seed) and keeps coming back to them. The stream
-    is a sequence of *visits*; a visit is 2-4 consecutive queries that are templated
-    variants of one problem (the same question wrapped as "Solve this math word problem:
-    ...", "... Think step by step.", "I need help with my homework. ...", etc.; the answer
-    never changes). Each visit after the first returns to an earlier problem with
-    probability 0.5, else takes a new one. Consecutive queries are therefore semantically
-    correlated (same problem), and earlier problems recur after others were asked, which
-    is what a small edge cache has to remember.
+Workloads (from GSM8K train, ../shared/data/gsm8k/train.jsonl; both are reported)
+    Problems: short GSM8K train problems (at most two calculator steps, at most 45 words),
+    shuffled with a fixed seed. A stream is a sequence of *visits*; a visit is 2-4
+    consecutive queries that are templated variants of one problem (the same question
+    wrapped as "Solve this math word problem: ...", "... Think step by step.", "I need
+    help with my homework. ...", etc., drawn without replacement from 8 templates; the
+    answer never changes). Consecutive queries are therefore semantically correlated.
+    The two workloads differ only in which problem a visit is about:
+
+    uniform   (session 1's workload) the first visit takes problem 0; every later visit
+              returns to an earlier problem with probability 0.5, chosen uniformly among
+              the problems seen so far (not the one just visited), else takes the next
+              new problem. All earlier problems are equally likely to come back, so
+              neither recency nor frequency predicts the next revisit.
+    zipf      the standard skewed-popularity caching workload (independent reference
+              model with Zipf popularity, as in web/CDN and LLM-query traces): a pool
+              of N problems is put in a random popularity order (workload seed) and
+              every visit draws its problem independently with P(rank k) = k^-s / H,
+              s = 1.0 (k = 1..N). A few problems are asked often, a long tail once or
+              never; problems that never come up cost nothing. Consecutive visits may
+              hit the same problem (then the visit is simply longer).
+
+    Sizes: quick uniform 6 problems / 12 visits, zipf pool 12 / 12 visits; full
+    uniform 20 / 45, zipf pool 40 / 45.
 
 Pipeline
     The bundled model is served by ``llmkit serve`` (started here as a subprocess). Every
     query sent upstream is perturbed by the token exponential mechanism (eps per word piece,
     so a query costs eps x its length). The no-cache baseline sends every query. LDPCache
     sends only its misses; a hit costs the randomized-response bit (rr-epsilon).
-    Common random numbers: query i is perturbed with seed i in every run, so a cache miss
-    on query i sends exactly the text the baseline sent for query i, and the (greedy)
-    upstream answer is reused from the baseline's call. Both arms are thus judged on the
-    same perturbed texts and the same model answers; the LLM is called once per query in
-    total. The cache runs are repeated over several seeds of the scheduler's coin (which
-    needs no new LLM calls) and averaged.
+    Common random numbers: query i of a workload is perturbed with the seed (seed, workload,
+    i) in every run, so a cache miss on query i sends exactly the text the baseline sent
+    for query i, and the (greedy) upstream answer is reused from the baseline's call. All
+    arms are thus judged on the same perturbed texts and the same model answers; the LLM is
+    called once per query in total (plus one plain, unperturbed ask per distinct problem
+    for the no-privacy reference). Answers can be kept in a JSONL file (--answers), so a
+    long run split over several invocations resumes without asking again.
+    The cache arms are repeated over several seeds of the scheduler's coin (no new LLM
+    calls) and averaged; min/max are reported.
 
-Accuracy: the last number in the answer equals the GSM8K answer. SmolLM2-135M is weak on
-GSM8K, so accuracies are low; both arms use the same model and the same queries.
+Hit-ratio sweep (no LLM calls)
+    Hits do not depend on the response texts (the scheduler sees raw-query embeddings and
+    the fidelity of the perturbed query), so hit ratios for more workload seeds and
+    capacities are simulated exactly with a stand-in upstream that returns "". Each cell
+    pairs multi-factor and LRU on the same stream and scheduler seed; reported: mean,
+    std and min/max over (workload seed x scheduler seed), and the mean paired difference
+    with its standard error and the share of pairs where multi-factor is higher.
+
+Accuracy: the last number in the answer equals the GSM8K answer (answers up to
+--max-tokens tokens, default 256). SmolLM2-135M is weak on GSM8K, so accuracies are low;
+all arms use the same model and the same queries.
 """
 
 from __future__ import annotations
@@ -37,6 +63,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
+import math
 import os
 import random
 import re
@@ -61,6 +88,8 @@ TEMPLATES = [
     "Please work out the following. {q}",
     "Here is a word problem for you. {q} What is the answer?",
 ]
+WORKLOADS = ("uniform", "zipf")
+ZIPF_S = 1.0
 
 
 def load_problems(path: Path, n: int, seed: int) -> list[dict]:
@@ -79,10 +108,24 @@ def load_problems(path: Path, n: int, seed: int) -> list[dict]:
     return rows[:n]
 
 
-def build_workload(problems: list[dict], visits: int, seed: int, p_revisit: float = 0.5) -> list[dict]:
+def _visit(queries: list[dict], problems: list[dict], pid: int, v: int, rng: random.Random) -> None:
+    for t in rng.sample(range(len(TEMPLATES)), rng.randint(2, 4)):
+        queries.append(
+            {
+                "problem": pid,
+                "visit": v,
+                "template": t,
+                "text": TEMPLATES[t].format(q=problems[pid]["question"]),
+                "gold": problems[pid]["gold"],
+            }
+        )
+
+
+def build_uniform(problems: list[dict], visits: int, seed: int, p_revisit: float = 0.5) -> list[dict]:
+    """Session 1's workload: revisits uniform over the problems seen so far."""
     rng = random.Random(seed)
     seen: list[int] = []
-    queries = []
+    queries: list[dict] = []
     nxt = 0
     for v in range(visits):
         revisit = seen and (nxt >= len(problems) or rng.random() < p_revisit)
@@ -94,11 +137,28 @@ def build_workload(problems: list[dict], visits: int, seed: int, p_revisit: floa
             pid = nxt
             nxt += 1
             seen.append(pid)
-        for t in rng.sample(range(len(TEMPLATES)), rng.randint(2, 4)):
-            queries.append({"problem": pid, "visit": v, "template": t,
-                            "text": TEMPLATES[t].format(q=problems[pid]["question"]),
-                            "gold": problems[pid]["gold"]})
+        _visit(queries, problems, pid, v, rng)
     return queries
+
+
+build_workload = build_uniform  # session 1's name
+
+
+def build_zipf(problems: list[dict], visits: int, seed: int, s: float = ZIPF_S) -> list[dict]:
+    """Independent reference model with Zipf(s) popularity over a randomly ranked pool."""
+    rng = random.Random(seed)
+    order = list(range(len(problems)))
+    rng.shuffle(order)  # order[k] = the problem with popularity rank k + 1
+    weights = [(k + 1) ** -s for k in range(len(problems))]
+    queries: list[dict] = []
+    for v in range(visits):
+        pid = order[rng.choices(range(len(problems)), weights)[0]]
+        _visit(queries, problems, pid, v, rng)
+    return queries
+
+
+def build(kind: str, problems: list[dict], visits: int, seed: int) -> list[dict]:
+    return {"uniform": build_uniform, "zipf": build_zipf}[kind](problems, visits, seed)
 
 
 def last_number(text: str) -> str | None:
@@ -112,13 +172,23 @@ def correct(text: str, gold: str) -> bool:
 
 
 class MemoUpstream:
-    """Calls the server once per distinct (messages, params); later identical calls are replayed."""
+    """Calls the server once per distinct (messages, params); later identical calls are replayed.
 
-    def __init__(self, upstream):
+    With ``path``, answers are appended to a JSONL file and loaded from it on start (resume).
+    """
+
+    def __init__(self, upstream, path: Path | None = None):
         self.upstream = upstream
         self.memo: dict[str, str] = {}
         self.calls = 0
         self.lock = threading.Lock()
+        self.path = path
+        if path is not None and path.is_file():
+            with open(path) as f:
+                for line in f:
+                    if line.strip():
+                        r = json.loads(line)
+                        self.memo[r["key"]] = r["text"]
 
     def __call__(self, messages, **params):
         key = json.dumps([messages, params], sort_keys=True)
@@ -129,7 +199,15 @@ class MemoUpstream:
         with self.lock:
             self.calls += 1
             self.memo[key] = text
+            if self.path is not None:
+                with open(self.path, "a") as f:
+                    f.write(json.dumps({"key": key, "text": text}) + "\n")
         return text
+
+
+def stub_upstream(messages, **params) -> str:
+    """For hit-ratio simulation: hits never depend on the response text."""
+    return ""
 
 
 class MemoEmbedder:
@@ -146,6 +224,29 @@ class MemoEmbedder:
         return np.stack([self.memo[t] for t in texts])
 
 
+class MemoMechanism:
+    """The token mechanism with its draws memoized by (text, generator state).
+
+    The client derives a fresh generator from the query's seed for every perturbation, so
+    the state before the draw identifies the draw; replaying it is exact and saves the
+    30k-way sampling in the repeated simulation runs.
+    """
+
+    def __init__(self, mechanism):
+        self.mechanism, self.memo = mechanism, {}
+        self.name = getattr(mechanism, "name", type(mechanism).__name__)
+
+    def __getattr__(self, name):
+        return getattr(self.mechanism, name)
+
+    def perturb(self, text, rng):
+        key = (text, json.dumps(rng.bit_generator.state, sort_keys=True, default=str))
+        out = self.memo.get(key)
+        if out is None:
+            out = self.memo[key] = self.mechanism.perturb(text, rng)
+        return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -156,9 +257,25 @@ def start_server(port: int, timeout: float = 600.0):
     import httpx
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.Popen([sys.executable, "-m", "llmkit.cli", "serve", "--port", str(port),
-                             "--log-level", "warning", "--threads", "1"], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmkit.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--threads",
+            "1",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -173,31 +290,102 @@ def start_server(port: int, timeout: float = 600.0):
     raise RuntimeError("llmkit serve did not become healthy in time")
 
 
-def run_cache(queries, mechanism, embedder, upstream, *, capacity, policy, scheduler, seed, bit_seed,
-              max_tokens):
+def run_cache(
+    queries,
+    mechanism,
+    embedder,
+    upstream,
+    *,
+    capacity,
+    policy,
+    scheduler,
+    seed,
+    bit_seed,
+    max_tokens,
+    score=True,
+):
+    """One pass of an LDPCache over the stream. ``seed`` is the perturbation seed prefix (CRN)."""
     from llmkit.serving.ldp_cache import CacheStore, LDPCache, PrivacyLedger, make_policy
 
-    cache = LDPCache(upstream, PrivacyLedger(":memory:", 1e18), CacheStore(capacity=capacity,
-                     policy=make_policy(policy)), mechanism, embedder, scheduler)
+    cache = LDPCache(
+        upstream,
+        PrivacyLedger(":memory:", 1e18),
+        CacheStore(capacity=capacity, policy=make_policy(policy)),
+        mechanism,
+        embedder,
+        scheduler,
+    )
     rows = []
     owner: dict[str, int] = {}  # response text -> problem whose query produced it
     for i, q in enumerate(queries):
-        a = cache.ask(q["text"], seed=[seed, i], bit_seed=[bit_seed, i], max_tokens=max_tokens, temperature=0)
+        a = cache.ask(
+            q["text"], seed=[*seed, i], bit_seed=[bit_seed, i], max_tokens=max_tokens, temperature=0
+        )
         if not a.cache_hit:
             owner.setdefault(a.text, q["problem"])
-        rows.append({"hit": a.cache_hit, "epsilon": a.epsilon, "correct": correct(a.text, q["gold"]),
-                     "wrong_problem": a.cache_hit and owner.get(a.text, q["problem"]) != q["problem"]})
+        rows.append(
+            {
+                "hit": a.cache_hit,
+                "epsilon": a.epsilon,
+                "correct": score and correct(a.text, q["gold"]),
+                "wrong_problem": score and a.cache_hit and owner.get(a.text, q["problem"]) != q["problem"],
+            }
+        )
     n = len(rows)
-    return {"hit_ratio": sum(r["hit"] for r in rows) / n,
-            "epsilon_per_query": sum(r["epsilon"] for r in rows) / n,
-            "accuracy": sum(r["correct"] for r in rows) / n,
-            "false_hit_rate": sum(r["wrong_problem"] for r in rows) / n}
+    return {
+        "hit_ratio": sum(r["hit"] for r in rows) / n,
+        "epsilon_per_query": sum(r["epsilon"] for r in rows) / n,
+        "accuracy": sum(r["correct"] for r in rows) / n,
+        "false_hit_rate": sum(r["wrong_problem"] for r in rows) / n,
+    }
 
 
 def mean_runs(runs: list[dict]) -> dict:
     out = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
     out["hit_ratio_min"] = min(r["hit_ratio"] for r in runs)
     out["hit_ratio_max"] = max(r["hit_ratio"] for r in runs)
+    out["hit_ratio_runs"] = [round(r["hit_ratio"], 4) for r in runs]
+    return out
+
+
+def _stats(xs: list[float]) -> dict:
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return {"mean": m, "std": sd, "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def sweep(kind, problems, visits, mechanism, embedder, sched, *, workload_seeds, capacities, repeats, seed):
+    """Hit ratios (multi-factor vs LRU), paired per (workload seed, scheduler seed), stand-in upstream."""
+    out = {}
+    for cap in capacities:
+        mf, lru, diff = [], [], []
+        for ws in workload_seeds:
+            queries = build(kind, problems, visits, ws)
+            for r in range(repeats):
+                kw = {
+                    "capacity": cap,
+                    "scheduler": sched(),
+                    "seed": [seed, 1000 + ws],
+                    "bit_seed": 1000 + r,
+                    "max_tokens": 0,
+                    "score": False,
+                }
+                a = run_cache(queries, mechanism, embedder, stub_upstream, policy="multifactor", **kw)[
+                    "hit_ratio"
+                ]
+                kw["scheduler"] = sched()
+                b = run_cache(queries, mechanism, embedder, stub_upstream, policy="lru", **kw)["hit_ratio"]
+                mf.append(a)
+                lru.append(b)
+                diff.append(a - b)
+        d = _stats(diff)
+        out[str(cap)] = {
+            "multifactor": _stats(mf),
+            "lru": _stats(lru),
+            "diff": {**d, "se": d["std"] / math.sqrt(d["n"])},
+            "share_multifactor_higher": sum(x > 0 for x in diff) / len(diff),
+            "share_equal": sum(x == 0 for x in diff) / len(diff),
+        }
     return out
 
 
@@ -209,40 +397,94 @@ def plot(result: dict, path: Path) -> None:
 
     arms = ["no_cache", "ldpcache_multifactor", "ldpcache_lru", "gptcache_threshold"]
     labels = ["per-query LDP", "LDPCache\nmulti-factor", "LDPCache\nLRU", "GPTCache\n(not private)"]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
-    for ax, key, title in zip(axes, ["epsilon_per_query", "accuracy", "hit_ratio"],
-                              ["epsilon per answered query", "accuracy (GSM8K)", "hit ratio"]):
-        ax.bar(labels, [result["arms"][a].get(key, 0.0) for a in arms], color=["grey", "C0", "C1", "C2"])
-        ax.set_title(title)
-        ax.tick_params(axis="x", labelsize=7)
+    kinds = list(result["workloads"])
+    fig, axes = plt.subplots(len(kinds), 4, figsize=(16, 3.6 * len(kinds)), squeeze=False)
+    for row, kind in zip(axes, kinds):
+        w = result["workloads"][kind]
+        for ax, key, title in zip(
+            row,
+            ["epsilon_per_query", "accuracy", "hit_ratio"],
+            ["epsilon per answered query", "accuracy (GSM8K)", "hit ratio"],
+        ):
+            ax.bar(labels, [w["arms"][a].get(key, 0.0) for a in arms], color=["grey", "C0", "C1", "C2"])
+            ax.set_title(f"{kind}: {title}")
+            ax.tick_params(axis="x", labelsize=7)
+        ax = row[3]
+        sw = w.get("sweep", {})
+        caps = sorted(int(c) for c in sw)
+        for pol, color in (("multifactor", "C0"), ("lru", "C1")):
+            m = [sw[str(c)][pol]["mean"] for c in caps]
+            sd = [sw[str(c)][pol]["std"] for c in caps]
+            ax.errorbar(caps, m, yerr=sd, marker="o", capsize=3, color=color, label=pol)
+        ax.set_xlabel("capacity (entries)")
+        ax.set_title(f"{kind}: hit ratio vs capacity (mean +- std)")
+        ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small workload (about 2-3 minutes)")
-    ap.add_argument("--problems", type=int, default=None, help="distinct GSM8K problems (quick 6, full 20)")
-    ap.add_argument("--visits", type=int, default=None, help="visits (2-4 variants each; quick 12, full 45)")
+    ap.add_argument("--quick", action="store_true", help="small workloads (several minutes on 1 core)")
+    ap.add_argument("--workloads", default="uniform,zipf", help="comma list of: uniform, zipf")
+    ap.add_argument(
+        "--problems", type=int, default=None, help="uniform: distinct problems (quick 6, full 20)"
+    )
+    ap.add_argument("--pool", type=int, default=None, help="zipf: problem pool (quick 12, full 40)")
+    ap.add_argument(
+        "--visits", type=int, default=None, help="visits per workload (2-4 variants each; quick 12, full 45)"
+    )
     ap.add_argument("--capacity", type=int, default=None, help="cache entries (quick 3, full 8)")
     ap.add_argument("--epsilon-per-token", type=float, default=38.0)
     ap.add_argument("--rr-epsilon", type=float, default=3.0)
     ap.add_argument("--sim-threshold", type=float, default=0.8)
     ap.add_argument("--gain-threshold", type=float, default=0.1)
-    ap.add_argument("--max-tokens", type=int, default=None, help="answer length (quick 64, full 192)")
-    ap.add_argument("--repeats", type=int, default=None, help="scheduler-coin seeds per cache arm (quick 5, full 20)")
+    ap.add_argument("--max-tokens", type=int, default=256, help="answer length")
+    ap.add_argument(
+        "--repeats", type=int, default=None, help="scheduler-coin seeds per cache arm (quick 5, full 20)"
+    )
+    ap.add_argument(
+        "--sweep-seeds",
+        type=int,
+        default=None,
+        help="workload seeds in the hit-ratio sweep (quick 3, full 5)",
+    )
+    ap.add_argument(
+        "--sweep-repeats",
+        type=int,
+        default=None,
+        help="scheduler seeds per workload seed in the sweep (quick 4, full 8)",
+    )
+    ap.add_argument("--sweep-capacities", default=None, help="comma list (quick 2,3,4,6; full 2,3,4,6,8,12)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data", type=Path, default=DATA)
-    ap.add_argument("--upstream", default=None, help="use a running OpenAI-compatible server instead of "
-                    "starting `llmkit serve`")
+    ap.add_argument(
+        "--answers",
+        type=Path,
+        default=None,
+        help="JSONL file of upstream answers to reuse and extend (resume a split run)",
+    )
+    ap.add_argument(
+        "--upstream",
+        default=None,
+        help="use a running OpenAI-compatible server instead of starting `llmkit serve`",
+    )
     args = ap.parse_args(argv)
     q = args.quick
-    problems_n = args.problems or (6 if q else 20)
+    kinds = [k.strip() for k in args.workloads.split(",") if k.strip()]
+    for k in kinds:
+        if k not in WORKLOADS:
+            print(f"unknown workload {k!r} (choose from {', '.join(WORKLOADS)})", file=sys.stderr)
+            return 2
+    sizes = {"uniform": args.problems or (6 if q else 20), "zipf": args.pool or (12 if q else 40)}
     visits = args.visits or (12 if q else 45)
     capacity = args.capacity or (3 if q else 8)
-    max_tokens = args.max_tokens or (64 if q else 192)
+    max_tokens = args.max_tokens
     repeats = args.repeats or (5 if q else 20)
+    sweep_seeds = args.sweep_seeds or (3 if q else 5)
+    sweep_repeats = args.sweep_repeats or (4 if q else 8)
+    caps = [int(c) for c in (args.sweep_capacities or ("2,3,4,6" if q else "2,3,4,6,8,12")).split(",")]
     if not args.data.is_file():
         print(f"no such file: {args.data}", file=sys.stderr)
         return 2
@@ -262,16 +504,28 @@ def main(argv=None) -> int:
     )
     from llmkit.serving.ldp_cache.embedder import MiniLMEmbedder
 
-    problems = load_problems(args.data, problems_n, args.seed)
-    queries = build_workload(problems, visits, args.seed)
-    n = len(queries)
-    print(f"workload: {n} queries, {len({x['problem'] for x in queries})} GSM8K train problems, "
-          f"{visits} visits of 2-4 templated variants, revisit probability 0.5", flush=True)
+    problem_sets = {k: load_problems(args.data, sizes[k], args.seed) for k in kinds}
+    streams = {k: build(k, problem_sets[k], visits, args.seed) for k in kinds}
+    for k in kinds:
+        qs = streams[k]
+        counts = sorted(
+            (sum(x["problem"] == p for x in qs) for p in {x["problem"] for x in qs}), reverse=True
+        )
+        print(
+            f"workload {k}: {len(qs)} queries, {len(counts)} distinct GSM8K train problems "
+            f"(queries per problem {counts}), {visits} visits of 2-4 templated variants",
+            flush=True,
+        )
 
     t0 = time.time()
-    mechanism = ExponentialTokenMechanism.from_minilm(args.epsilon_per_token)
+    mechanism = MemoMechanism(ExponentialTokenMechanism.from_minilm(args.epsilon_per_token))
     embedder = MemoEmbedder(MiniLMEmbedder())
+
+    def sched():
+        return LDPScheduler(args.rr_epsilon, args.sim_threshold, args.gain_threshold)
+
     proc = None
+    results: dict[str, dict] = {}
     try:
         if args.upstream:
             url = args.upstream
@@ -280,44 +534,142 @@ def main(argv=None) -> int:
             print(f"starting llmkit serve on port {port} ...", flush=True)
             proc = start_server(port)
             url = f"http://127.0.0.1:{port}"
-        up = MemoUpstream(OpenAIUpstream(url, timeout=3600.0))
+        up = MemoUpstream(OpenAIUpstream(url, timeout=3600.0), args.answers)
         model = up.upstream.model
+        plain = up  # the no-privacy reference: unperturbed questions, same memo
 
-        # arm 1: per-query LDP, no cache (every query perturbed and sent; calls run concurrently so
-        # the server can batch them)
+        # every LLM call up front, all workloads in one batch queue (the server batches them):
+        # arm 1 = per-query LDP without a cache, plus one plain ask per distinct problem
         base = PerQueryLDP(up, PrivacyLedger(":memory:", 1e18), mechanism)
+        jobs = []
         with cf.ThreadPoolExecutor(16) as ex:
-            futs = [ex.submit(base.ask, x["text"], seed=[args.seed, i], max_tokens=max_tokens, temperature=0)
-                    for i, x in enumerate(queries)]
-            answers = [f.result() for f in tqdm(futs, desc="no-cache LDP queries", file=sys.stderr)]
-        no_cache = {"hit_ratio": 0.0, "epsilon_per_query": sum(a.epsilon for a in answers) / n,
-                    "accuracy": sum(correct(a.text, x["gold"]) for a, x in zip(answers, queries)) / n,
-                    "false_hit_rate": 0.0}
+            for wi, k in enumerate(kinds):
+                wseed = WORKLOADS.index(k)
+                for i, x in enumerate(streams[k]):
+                    jobs.append(
+                        (
+                            k,
+                            "ldp",
+                            i,
+                            ex.submit(
+                                base.ask,
+                                x["text"],
+                                seed=[args.seed, wseed, i],
+                                max_tokens=max_tokens,
+                                temperature=0,
+                            ),
+                        )
+                    )
+                for p in sorted({x["problem"] for x in streams[k]}):
+                    jobs.append(
+                        (
+                            k,
+                            "plain",
+                            p,
+                            ex.submit(
+                                plain,
+                                [{"role": "user", "content": problem_sets[k][p]["question"]}],
+                                max_tokens=max_tokens,
+                                temperature=0,
+                            ),
+                        )
+                    )
+            for _, _, _, f in tqdm(jobs, desc="LLM calls (memoized ones are instant)", file=sys.stderr):
+                f.result()
         calls_baseline = up.calls
+        print(f"LLM calls made in this invocation: {calls_baseline} ({time.time() - t0:.0f} s)", flush=True)
 
-        # a reference without privacy: each problem asked once, plainly
-        plain = OpenAIUpstream(url, timeout=3600.0)
-        with cf.ThreadPoolExecutor(16) as ex:
-            outs = list(ex.map(lambda p: plain([{"role": "user", "content": p["question"]}],
-                                               max_tokens=max_tokens, temperature=0), problems))
-        acc_plain = sum(correct(o, p["gold"]) for o, p in zip(outs, problems)) / len(problems)
+        for k in kinds:
+            wseed = WORKLOADS.index(k)
+            qs = streams[k]
+            n = len(qs)
+            answers = [f.result() for kk, kind, _, f in jobs if kk == k and kind == "ldp"]
+            no_cache = {
+                "hit_ratio": 0.0,
+                "epsilon_per_query": sum(a.epsilon for a in answers) / n,
+                "accuracy": sum(correct(a.text, x["gold"]) for a, x in zip(answers, qs)) / n,
+                "false_hit_rate": 0.0,
+            }
+            plain_ok = {
+                p: correct(f.result(), problem_sets[k][p]["gold"])
+                for kk, kind, p, f in jobs
+                if kk == k and kind == "plain"
+            }
+            acc_plain_problems = sum(plain_ok.values()) / len(plain_ok)
+            acc_plain_queries = sum(plain_ok[x["problem"]] for x in qs) / n  # weighted like the stream
 
-        # arms 2-4: caches at the same capacity, coupled to arm 1's perturbations (no new LLM calls)
-        def sched():
-            return LDPScheduler(args.rr_epsilon, args.sim_threshold, args.gain_threshold)
-
-        arms = {"no_cache": no_cache}
-        for name, policy in (("ldpcache_multifactor", "multifactor"), ("ldpcache_lru", "lru")):
-            runs = [run_cache(queries, mechanism, embedder, up, capacity=capacity, policy=policy,
-                              scheduler=sched(), seed=args.seed, bit_seed=1000 + r, max_tokens=max_tokens)
-                    for r in tqdm(range(repeats), desc=f"cache runs ({policy})", file=sys.stderr)]
-            arms[name] = mean_runs(runs)
-        arms["ldpcache_unbounded"] = mean_runs([
-            run_cache(queries, mechanism, embedder, up, capacity=10**6, policy="lru", scheduler=sched(),
-                      seed=args.seed, bit_seed=1000 + r, max_tokens=max_tokens) for r in range(repeats)])
-        arms["gptcache_threshold"] = run_cache(queries, mechanism, embedder, up, capacity=capacity, policy="lru",
-                                               scheduler=ThresholdScheduler(args.sim_threshold), seed=args.seed,
-                                               bit_seed=0, max_tokens=max_tokens)
+            # cache arms at the same capacity, coupled to arm 1's perturbations (no new LLM calls)
+            arms = {"no_cache": no_cache}
+            for name, policy in (("ldpcache_multifactor", "multifactor"), ("ldpcache_lru", "lru")):
+                runs = [
+                    run_cache(
+                        qs,
+                        mechanism,
+                        embedder,
+                        up,
+                        capacity=capacity,
+                        policy=policy,
+                        scheduler=sched(),
+                        seed=[args.seed, wseed],
+                        bit_seed=1000 + r,
+                        max_tokens=max_tokens,
+                    )
+                    for r in tqdm(range(repeats), desc=f"{k}: cache runs ({policy})", file=sys.stderr)
+                ]
+                arms[name] = mean_runs(runs)
+            arms["ldpcache_unbounded"] = mean_runs(
+                [
+                    run_cache(
+                        qs,
+                        mechanism,
+                        embedder,
+                        up,
+                        capacity=10**6,
+                        policy="lru",
+                        scheduler=sched(),
+                        seed=[args.seed, wseed],
+                        bit_seed=1000 + r,
+                        max_tokens=max_tokens,
+                    )
+                    for r in range(repeats)
+                ]
+            )
+            arms["gptcache_threshold"] = run_cache(
+                qs,
+                mechanism,
+                embedder,
+                up,
+                capacity=capacity,
+                policy="lru",
+                scheduler=ThresholdScheduler(args.sim_threshold),
+                seed=[args.seed, wseed],
+                bit_seed=0,
+                max_tokens=max_tokens,
+            )
+            t1 = time.time()
+            sw = sweep(
+                k,
+                problem_sets[k],
+                visits,
+                mechanism,
+                embedder,
+                sched,
+                workload_seeds=range(args.seed, args.seed + sweep_seeds),
+                capacities=caps,
+                repeats=sweep_repeats,
+                seed=args.seed,
+            )
+            results[k] = {
+                "arms": arms,
+                "queries": n,
+                "problems": len(plain_ok),
+                "pool": sizes[k],
+                "accuracy_plain_problems": acc_plain_problems,
+                "accuracy_plain_queries": acc_plain_queries,
+                "sweep": sw,
+                "sweep_seconds": round(time.time() - t1, 1),
+                "sample_queries": [x["text"] for x in qs[:4]],
+            }
         extra_calls = up.calls - calls_baseline
     finally:
         if proc is not None:
@@ -327,46 +679,86 @@ def main(argv=None) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
 
-    mf, lru = arms["ldpcache_multifactor"], arms["ldpcache_lru"]
-    saving = 1.0 - mf["epsilon_per_query"] / no_cache["epsilon_per_query"]
-    figures = {
-        "budget_saving": round(saving, 4),
-        "accuracy_cache": round(mf["accuracy"], 4),
-        "accuracy_no_cache": round(no_cache["accuracy"], 4),
-        "hit_ratio_multifactor": round(mf["hit_ratio"], 4),
-        "hit_ratio_lru": round(lru["hit_ratio"], 4),
-        "budget_saving_lru": round(1.0 - lru["epsilon_per_query"] / no_cache["epsilon_per_query"], 4),
-        "accuracy_lru": round(lru["accuracy"], 4),
-        "hit_ratio_gptcache_not_private": round(arms["gptcache_threshold"]["hit_ratio"], 4),
-        "hit_ratio_unbounded": round(arms["ldpcache_unbounded"]["hit_ratio"], 4),
-        "false_hit_rate_cache": round(mf["false_hit_rate"], 4),
-        "accuracy_plain_no_privacy": round(acc_plain, 4),
-        "epsilon_per_query_no_cache": round(no_cache["epsilon_per_query"], 2),
-        "epsilon_per_query_cache": round(mf["epsilon_per_query"], 2),
-    }
-    print(f"model: {model} behind llmkit serve; {n} queries; capacity {capacity}; eps/token "
-          f"{args.epsilon_per_token:g}; rr eps {args.rr_epsilon:g}; {repeats} scheduler seeds per cache arm")
-    print(f"epsilon per answered query: no cache {no_cache['epsilon_per_query']:.1f}, "
-          f"LDPCache {mf['epsilon_per_query']:.1f} -> budget_saving {saving:.3f}")
-    print(f"accuracy (GSM8K, same model, same perturbed queries): no cache {no_cache['accuracy']:.3f}, "
-          f"LDPCache {mf['accuracy']:.3f}, LRU {lru['accuracy']:.3f}; no privacy (one plain ask per problem) "
-          f"{acc_plain:.3f}")
-    print(f"hit ratio at capacity {capacity}: multi-factor {mf['hit_ratio']:.3f} "
-          f"(min {mf['hit_ratio_min']:.3f}, max {mf['hit_ratio_max']:.3f}), LRU {lru['hit_ratio']:.3f} "
-          f"(min {lru['hit_ratio_min']:.3f}, max {lru['hit_ratio_max']:.3f}), unbounded "
-          f"{arms['ldpcache_unbounded']['hit_ratio']:.3f}, GPTCache threshold (not private) "
-          f"{arms['gptcache_threshold']['hit_ratio']:.3f}")
-    print(f"false hits (answered with another problem's response): {mf['false_hit_rate']:.3f}; "
-          f"LLM calls {calls_baseline} (+{extra_calls} beyond the baseline's); {time.time() - t0:.0f} s")
+    where = f"at {args.upstream}" if args.upstream else "behind llmkit serve --threads 1"
+    print(
+        f"model: {model} {where}; capacity {capacity}; eps/token "
+        f"{args.epsilon_per_token:g}; rr eps {args.rr_epsilon:g}; {max_tokens} answer tokens; {repeats} "
+        f"scheduler seeds per cache arm"
+    )
+    figures: dict = {}
+    for k in kinds:
+        r = results[k]
+        arms = r["arms"]
+        nc, mf, lru = arms["no_cache"], arms["ldpcache_multifactor"], arms["ldpcache_lru"]
+        saving = 1.0 - mf["epsilon_per_query"] / nc["epsilon_per_query"]
+        print(
+            f"[{k}] epsilon per answered query: no cache {nc['epsilon_per_query']:.1f}, "
+            f"LDPCache {mf['epsilon_per_query']:.1f} -> budget_saving {saving:.3f}"
+        )
+        print(
+            f"[{k}] accuracy (GSM8K, same model, same perturbed queries; {r['queries']} queries): no cache "
+            f"{nc['accuracy']:.3f}, LDPCache {mf['accuracy']:.3f}, LRU {lru['accuracy']:.3f}; no privacy "
+            f"(plain ask per problem) {r['accuracy_plain_queries']:.3f} per query, "
+            f"{r['accuracy_plain_problems']:.3f} per problem ({r['problems']} problems)"
+        )
+        print(
+            f"[{k}] hit ratio at capacity {capacity} ({repeats} scheduler seeds): multi-factor "
+            f"{mf['hit_ratio']:.3f} (min {mf['hit_ratio_min']:.3f}, max {mf['hit_ratio_max']:.3f}), LRU "
+            f"{lru['hit_ratio']:.3f} (min {lru['hit_ratio_min']:.3f}, max {lru['hit_ratio_max']:.3f}), unbounded "
+            f"{arms['ldpcache_unbounded']['hit_ratio']:.3f}, GPTCache threshold (not private) "
+            f"{arms['gptcache_threshold']['hit_ratio']:.3f}; false hits {mf['false_hit_rate']:.3f}"
+        )
+        for cap, c in r["sweep"].items():
+            print(
+                f"[{k}] sweep capacity {cap} ({c['diff']['n']} runs = {sweep_seeds} workload seeds x "
+                f"{sweep_repeats} scheduler seeds): multi-factor {c['multifactor']['mean']:.3f} +- "
+                f"{c['multifactor']['std']:.3f}, LRU {c['lru']['mean']:.3f} +- {c['lru']['std']:.3f}; "
+                f"paired diff {c['diff']['mean']:+.3f} (se {c['diff']['se']:.3f}), multi-factor higher in "
+                f"{c['share_multifactor_higher']:.0%}, equal in {c['share_equal']:.0%}"
+            )
+        sfx = "" if k == "zipf" or "zipf" not in kinds else "_" + k
+        figures.update(
+            {
+                f"budget_saving{sfx}": round(saving, 4),
+                f"accuracy_cache{sfx}": round(mf["accuracy"], 4),
+                f"accuracy_no_cache{sfx}": round(nc["accuracy"], 4),
+                f"hit_ratio_multifactor{sfx}": round(mf["hit_ratio"], 4),
+                f"hit_ratio_lru{sfx}": round(lru["hit_ratio"], 4),
+                f"accuracy_lru{sfx}": round(lru["accuracy"], 4),
+                f"accuracy_plain_no_privacy{sfx}": round(r["accuracy_plain_queries"], 4),
+                f"budget_saving_lru{sfx}": round(1.0 - lru["epsilon_per_query"] / nc["epsilon_per_query"], 4),
+                f"hit_ratio_gptcache_not_private{sfx}": round(arms["gptcache_threshold"]["hit_ratio"], 4),
+                f"hit_ratio_unbounded{sfx}": round(arms["ldpcache_unbounded"]["hit_ratio"], 4),
+                f"false_hit_rate_cache{sfx}": round(mf["false_hit_rate"], 4),
+                f"sweep_hit_ratio_diff_mean{sfx}": round(
+                    sum(c["diff"]["mean"] for c in r["sweep"].values()) / len(r["sweep"]), 4
+                ),
+            }
+        )
+    if "zipf" in kinds:
+        figures["workload"] = "zipf (unsuffixed keys); uniform keys end in _uniform"
+    print(
+        f"LLM calls {calls_baseline} (+{extra_calls} beyond the baseline's and the plain asks); "
+        f"{time.time() - t0:.0f} s"
+    )
 
     out_dir = REPO / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = "ldp_cache_quick" if q else "ldp_cache"
-    result = {"figures": figures, "arms": arms, "model": model, "queries": n, "capacity": capacity,
-              "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-              "problems": problems_n, "visits": visits, "max_tokens": max_tokens, "repeats": repeats,
-              "mechanism": mechanism.name, "workload": __doc__.split("Workload")[1].split("Pipeline")[0].strip(),
-              "sample_queries": [x["text"] for x in queries[:4]]}
+    result = {
+        "figures": figures,
+        "workloads": results,
+        "model": model,
+        "capacity": capacity,
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "visits": visits,
+        "max_tokens": max_tokens,
+        "repeats": repeats,
+        "zipf_s": ZIPF_S,
+        "sweep": {"workload_seeds": sweep_seeds, "scheduler_seeds": sweep_repeats, "capacities": caps},
+        "mechanism": mechanism.name,
+        "workload_description": __doc__.split("Workloads")[1].split("Pipeline")[0].strip(),
+    }
     (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2))
     plot(result, out_dir / f"{stem}.png")
     print(f"wrote {out_dir / (stem + '.json')} and {stem}.png")
