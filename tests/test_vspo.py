@@ -160,3 +160,25 @@ def test_tiny_recipe_runs_two_steps_and_resumes(tmp_path, repo_root, gsm8k_slice
     assert main(argv + ["--max_steps", "3", "--eval_path", "", "--save_steps", "3"]) == 0
     state = json.loads((out / "checkpoint-3/trainer_state.json").read_text())
     assert state["global_step"] == 3
+
+
+def test_tiny_recipe_in_pieces_keeps_the_before_eval(tmp_path, repo_root, gsm8k_slice):
+    """--stop_after_minutes 0 stops after the first step with a checkpoint and no final eval; a rerun resumes,
+    finishes and keeps the "before" evaluation of the first piece."""
+    from llmkit.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "vspo", "--config", str(repo_root / "recipes/configs/vspo/tiny_cpu.yaml"),
+            "--output_dir", str(out), "--dataset_path", str(gsm8k_slice), "--eval_path", str(gsm8k_slice),
+            "--max_steps", "3", "--save_steps", "10"]
+    assert main(argv + ["--stop_after_minutes", "0"]) == 0
+    res = json.loads((out / "eval.json").read_text())
+    assert res["steps"] == 1 and res["stopped_early"] and res["before"]["n"] == 4 and "after" not in res
+    assert json.loads((out / "checkpoint-1/trainer_state.json").read_text())["global_step"] == 1
+    before = res["before"]
+    assert main(argv) == 0
+    res = json.loads((out / "eval.json").read_text())
+    assert res["steps"] == 3 and "stopped_early" not in res and res["before"] == before and res["after"]["n"] == 4
+    steps = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "vspo/alpha_max" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3]  # no step redone or skipped across the pieces
+    assert [m["vspo/alpha_max"] for m in steps] == pytest.approx([8.0, 16 / 3, 8 / 3])  # one schedule over 3 steps

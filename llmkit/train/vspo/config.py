@@ -60,6 +60,10 @@ class VSPOConfig(GRPOConfig):
     eval_max_new_tokens: int = field(default=256, metadata={"help": "generation budget at evaluation"})
     eval_batch_size: int = field(default=16, metadata={"help": "evaluation batch size"})
     eval_before: bool = field(default=True, metadata={"help": "evaluate the starting model as well"})
+    stop_after_minutes: float | None = field(default=None, metadata={
+        "help": "wall-time budget of this invocation: after the first training step that ends past it, save a "
+                "checkpoint and stop without the final evaluation; rerunning the same command resumes (splits a "
+                "long CPU run into pieces). The evaluation before training counts toward the budget"})
     guidance_alpha: float = field(default=2.0, metadata={"help": "steering intensity at inference (guidance mode)"})
     tiny_model_seed: int = field(default=0, metadata={"help": "seed of the in-process model when "
                                                               "model_name_or_path is 'tiny-random'"})
@@ -75,6 +79,8 @@ class VSPOConfig(GRPOConfig):
             raise ValueError("alpha_max and alpha_final must be >= 0")
         if not 0 < self.alpha_anneal_fraction <= 1:
             raise ValueError("alpha_anneal_fraction must be in (0, 1]")
+        if self.stop_after_minutes is not None and self.stop_after_minutes < 0:
+            raise ValueError("stop_after_minutes must be >= 0")
         if self.importance_clip <= 0:
             raise ValueError("importance_clip must be > 0")
         if self.mode != "grpo" and self.use_vllm:

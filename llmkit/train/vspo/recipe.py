@@ -10,6 +10,11 @@ Outputs in ``output_dir``: ``resolved_config.yaml``; ``steering/`` (the vector u
 behaviour's contrastive pairs unless ``steering_vector`` names one); ``checkpoint-*/`` (a rerun of the same
 command resumes from the last one; ``--resume_from_checkpoint PATH`` picks one); the final model;
 ``metrics.jsonl``; ``reward_curves.png``; ``eval.json`` (behaviour rate and task accuracy before/after).
+
+Long CPU runs in pieces: ``--stop_after_minutes M`` saves a checkpoint and stops after the first step that ends
+past M minutes (counted from the start of the command, the "before" evaluation included); the same command run
+again resumes there, keeping the "before" evaluation already written to ``eval.json``. The final evaluation runs
+only in the invocation that reaches ``max_steps``.
 """
 
 from __future__ import annotations
@@ -125,6 +130,20 @@ def plot_reward_curves(metrics: Path, png: Path, title: str) -> Path | None:
     return plot_curves(series, png, title=title, ylabel="reward / alpha") if series else None
 
 
+def time_budget_callback(minutes: float, started: float):
+    """Stop (with a checkpoint) after the first training step that ends more than ``minutes`` after ``started``."""
+    from transformers import TrainerCallback
+
+    class StopAfter(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if time.time() - started >= minutes * 60 and state.global_step < state.max_steps:
+                control.should_save = True
+                control.should_training_stop = True
+            return control
+
+    return StopAfter()
+
+
 def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
     from datasets import Dataset
     from trl import get_peft_config
@@ -135,6 +154,7 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
     from llmkit.train.vspo.evaluate import evaluate
     from llmkit.train.vspo.trainer import VSPOTrainer
 
+    started = time.time()
     model_args = model_args or ModelConfig()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -166,8 +186,15 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
 
     results: dict = {"mode": cfg.mode, "behavior": cfg.behavior, "model": str(model_args.model_name_or_path)}
     resume = _resume_arg(cfg.resume_from_checkpoint, out)
+    eval_json = out / "eval.json"
+    if resume and eval_json.is_file():  # an earlier piece of this run wrote the evaluation before training
+        earlier = json.loads(eval_json.read_text())
+        if earlier.get("before"):
+            results["before"] = earlier["before"]
+        results["train_seconds"] = earlier.get("train_seconds", 0.0)
     if cfg.eval_before and not resume:
         results["before"] = run_eval(0.0, "before")
+        eval_json.write_text(json.dumps(results, indent=2) + "\n")
 
     if cfg.mode == "guidance":
         results["after"] = run_eval(cfg.guidance_alpha, f"guidance alpha={cfg.guidance_alpha:g}")
@@ -177,12 +204,19 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
         trainer = VSPOTrainer(
             model=model, args=cfg, reward_funcs=funcs, train_dataset=Dataset.from_list(train_rows),
             processing_class=tok, peft_config=get_peft_config(model_args), steering_vector=vector,
-            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
+            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")]
+            + ([time_budget_callback(cfg.stop_after_minutes, started)] if cfg.stop_after_minutes is not None else []),
         )
         t0 = time.time()
         trainer.train(resume_from_checkpoint=resume)
-        results["train_seconds"] = round(time.time() - t0, 1)
+        results["train_seconds"] = round(results.get("train_seconds", 0.0) + time.time() - t0, 1)  # all pieces
         results["steps"] = trainer.state.global_step
+        if trainer.state.global_step < trainer.state.max_steps:
+            results["stopped_early"] = True
+            eval_json.write_text(json.dumps(results, indent=2) + "\n")
+            print(f"stopped after step {trainer.state.global_step}/{trainer.state.max_steps} "
+                  f"(stop_after_minutes={cfg.stop_after_minutes:g}); rerun the same command to resume")
+            return 0
         trainer.save_model(str(out))
         model = trainer.accelerator.unwrap_model(trainer.model)
         results["after"] = run_eval(0.0, "after (unsteered)")
@@ -190,6 +224,6 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
                                  f"{cfg.mode} / {cfg.behavior}")
         if png:
             print(f"reward curves: {png}")
-    (out / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results: {out / 'eval.json'}")
+    eval_json.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results: {eval_json}")
     return 0
