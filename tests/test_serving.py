@@ -306,3 +306,138 @@ def test_custom_kv_cache_factory_gives_same_answers():
     assert made  # the server's batches used the factory's cache
     for i, p in enumerate(["short", "a bit longer prompt"]):
         assert out[i].choices[0].text == reference(plain, p, 5 + 10 * i).text
+
+
+# -- the transformers engine's own decode loops -------------------------------------------------------------
+
+PROMPTS = ["hi", "a longer prompt than that", "x" * 30, "the quick brown fox", "0123", "zz top", "hello there", "q"]
+
+
+def plain_generate(model, tok, prompts, params, batch_size):
+    from llmkit.generation import generate
+
+    return generate(model, tok, prompts, params, batch_size=batch_size)
+
+
+def model_with_early_eos():
+    """The tiny model with a second EOS id it emits often, so rows of a batch end at different steps."""
+    from collections import Counter
+
+    model, tok = tiny_llama(), tiny_tokenizer()
+    ref = plain_generate(model, tok, PROMPTS, GenerationParams(max_new_tokens=24), 8)
+    common = Counter(t for c in ref for t in c.token_ids[1:12]).most_common(1)[0][0]
+    model.generation_config.eos_token_id = [model.config.eos_token_id, common]
+    return model, tok
+
+
+def test_engine_greedy_equals_model_generate_with_rows_ending_early():
+    model, tok = model_with_early_eos()
+    params = GenerationParams(max_new_tokens=24)
+    ref = plain_generate(model, tok, PROMPTS, params, 4)
+    assert {c.finish_reason for c in ref} == {"stop", "length"}  # rows do end at different steps
+    assert len({c.completion_tokens for c in ref}) >= 3
+    got = [c[0] for c in HFEngine(model, tok, batch_size=4).generate(PROMPTS, params)]
+    assert [(c.text, c.completion_tokens, c.finish_reason, c.token_ids, c.prompt_tokens) for c in got] == \
+        [(c.text, c.completion_tokens, c.finish_reason, c.token_ids, c.prompt_tokens) for c in ref]
+
+
+def test_engine_greedy_stop_strings_equal_model_generate(monkeypatch):
+    import llmkit.engines.hf_batcher as hb
+
+    model, tok = tiny_llama(), tiny_tokenizer()
+    free = plain_generate(model, tok, PROMPTS, GenerationParams(max_new_tokens=30), 8)
+    # stop strings taken from the answers: one short, one longer that starts earlier in another row
+    stops = [free[0].text[6:8], free[1].text[3:9], "never-there"]
+    params = GenerationParams(max_new_tokens=30, stop=stops)
+    ref = plain_generate(model, tok, PROMPTS, params, 8)
+    assert sum(c.finish_reason == "stop" for c in ref) >= 2
+    steps = []
+    real = hb.greedy_generate
+
+    def counting(*a, **kw):
+        out = real(*a, **kw)
+        steps.append(max(len(ids) for ids, _ in out))
+        return out
+
+    monkeypatch.setattr(hb, "greedy_generate", counting)
+    got = [c[0] for c in HFEngine(model, tok, batch_size=8).generate(PROMPTS, params)]
+    assert [(c.text, c.completion_tokens, c.finish_reason, c.token_ids) for c in got] == \
+        [(c.text, c.completion_tokens, c.finish_reason, c.token_ids) for c in ref]
+    if all(c.finish_reason == "stop" for c in ref):  # every row stopped early: the loop ended before 30 steps
+        assert steps[0] < 30
+
+
+def test_engine_sampling_still_uses_generate_and_is_seeded():
+    model, tok = tiny_llama(), tiny_tokenizer()
+    eng = HFEngine(model, tok, batch_size=4)
+    params = GenerationParams(max_new_tokens=10, temperature=1.0, seed=3)
+    a = eng.generate(PROMPTS[:4], params)
+    b = eng.generate(PROMPTS[:4], params)
+    assert [c[0].text for c in a] == [c[0].text for c in b]
+    assert a[0][0].text == plain_generate(model, tok, PROMPTS[:4], params, 4)[0].text
+
+
+def _submit(loop, tok, prompt, max_tokens, results, name, on_token=None):
+    from llmkit.engines.stream import StreamRequest
+
+    parts = []
+
+    def on_event(ev):
+        parts.append(ev.text)
+        if on_token is not None and not ev.finish_reason:
+            on_token(ev.n_tokens)
+        if ev.finish_reason:
+            results[name] = ("".join(parts), ev.n_tokens, ev.finish_reason, ev.error)
+
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    loop.submit(StreamRequest(ids, GenerationParams(max_new_tokens=max_tokens), on_event))
+
+
+def test_requests_arriving_mid_batch_join_it_and_answers_do_not_change():
+    model, tok = tiny_llama(), tiny_tokenizer()
+    loop = HFEngine(model, tok).start_streaming(max_batch_size=8)
+    results: dict = {}
+    jobs = {"A": ("a long first prompt, wider than the others", 12), "B": ("hi", 30), "C": ("medium size", 30),
+            "D": ("joins after A left", 8)}
+    fired = set()
+
+    def after(name, at, then):
+        def hook(n):  # runs on the engine thread: the newcomers are queued before its next step
+            if n >= at and name not in fired:
+                fired.add(name)
+                for other in then:
+                    _submit(loop, tok, *jobs[other], results, other, on_token=hooks.get(other))
+        return hook
+
+    hooks = {"A": after("A", 3, ["B", "C"]), "B": after("B", 16, ["D"])}
+    try:
+        _submit(loop, tok, *jobs["A"], results, "A", on_token=hooks["A"])
+        deadline = time.time() + 120
+        while len(results) < 4 and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        loop.stop()
+    assert set(results) == {"A", "B", "C", "D"}
+    assert loop.joined == 3  # B and C joined A's batch, D joined B and C after A had left
+    assert loop.max_batch_seen == 3
+    for name, (prompt, n) in jobs.items():
+        ref = plain_generate(model, tok, [prompt], GenerationParams(max_new_tokens=n), 1)[0]
+        assert results[name] == (ref.text, ref.completion_tokens, ref.finish_reason, None), name
+
+
+@pytest.mark.bundled
+@pytest.mark.slow
+def test_bundled_engine_greedy_equals_model_generate_on_gsm8k(bundled):
+    import json
+    from pathlib import Path
+
+    model, tok = bundled
+    eng = HFEngine(model, tok, batch_size=8)
+    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
+    qs = [json.loads(line)["question"] for line in data.read_text().splitlines()[:8]]
+    prompts = [eng.chat_prompt([{"role": "user", "content": q}]) for q in qs]
+    params = GenerationParams(max_new_tokens=48, stop=["\n\n"])
+    ref = plain_generate(model, tok, prompts, params, 8)
+    got = [c[0] for c in eng.generate(prompts, params)]
+    assert [(c.text, c.completion_tokens, c.finish_reason) for c in got] == \
+        [(c.text, c.completion_tokens, c.finish_reason) for c in ref]

@@ -1,4 +1,13 @@
-"""transformers engine: batched ``model.generate`` with left padding."""
+"""transformers engine: batched generation with left padding.
+
+Greedy requests without a custom KV cache run llmkit's own decode loop
+(``hf_batcher.greedy_generate``): the same inputs as ``model.generate`` on the same
+batch, but finished rows leave the batch (and the cache) at once, a row also
+ends as soon as a stop string is certain, and prefill computes the last
+position's logits only. The text equals ``generate()``'s (tested). Sampling
+and custom caches go through ``model.generate`` (its sampling defaults,
+e.g. top_k, and any cache class work unchanged).
+"""
 
 from __future__ import annotations
 
@@ -43,13 +52,59 @@ class HFEngine(Engine):
             if params.seed is not None and not params.greedy:
                 # distinct but reproducible seeds per batch
                 params = GenerationParams(**{**params.__dict__, "seed": params.seed + start})
-            out += generate(self.model, self.tokenizer, chunk, params, batch_size=len(chunk), **extra)
+            if params.greedy and self.cache_factory is None:
+                out += self._greedy(chunk, params)
+            else:
+                out += generate(self.model, self.tokenizer, chunk, params, batch_size=len(chunk), **extra)
             bar.update(len(chunk))
         bar.close()
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _greedy(self, prompts: list[str], params: GenerationParams) -> list[Completion]:
+        from llmkit.engines.hf_batcher import greedy_generate
+        from llmkit.generation import _eos_ids, truncate_at_stop
+
+        tok = self.tokenizer
+        ids = tok(prompts, add_special_tokens=False)["input_ids"]
+        if not all(ids):  # an empty prompt: leave it to generate()
+            return generate(self.model, tok, prompts, params, batch_size=len(prompts))
+        eos = _eos_ids(self.model, tok)
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos), 0)
+        rows = greedy_generate(self.model, ids, params.max_new_tokens, eos, pad_id,
+                               stop_reached=_stop_reached(tok, params.stop))
+        out = []
+        for prompt_ids, (new, hit_eos) in zip(ids, rows):
+            # exactly what generation.generate() makes of its output row
+            text, hit_stop = truncate_at_stop(tok.decode(new, skip_special_tokens=True), params.stop)
+            if hit_stop:
+                new = tok.encode(text, add_special_tokens=False)
+            out.append(Completion(text, len(prompt_ids), len(new), "stop" if (hit_eos or hit_stop) else "length",
+                                  new))
+        return out
 
     def start_streaming(self, max_batch_size: int = 32, **kwargs):
         """Background batcher: concurrent requests share batches; text streams per step."""
         from llmkit.engines.hf_batcher import HFBatcher
 
         return HFBatcher(self, max_batch_size=max_batch_size, **kwargs).start()
+
+
+def _stop_reached(tok, stop: list[str]):
+    """``ids -> bool``: true once the text holds a stop string that more tokens cannot move.
+
+    ``generate()`` cuts the finished text at the earliest stop string. A match found now is
+    final unless a different (longer) stop string starting before it is still incomplete, so
+    the row only ends when the match lies at least the longest stop string (plus a few
+    characters for undecoded bytes or space clean-up) before the end of the text.
+    """
+    stops = [s for s in stop if s]
+    if not stops:
+        return None
+    margin = max(len(s) for s in stops) + 4
+
+    def reached(ids: list[int]) -> bool:
+        text = tok.decode(ids, skip_special_tokens=True)
+        cut = min((i for i in (text.find(s) for s in stops) if i != -1), default=-1)
+        return cut != -1 and cut + margin <= len(text.rstrip("\ufffd"))
+
+    return reached

@@ -1,28 +1,164 @@
-"""Batched streaming generation over a transformers model (the serving path of ``HFEngine``).
+"""Continuously batched streaming generation over a transformers model (the serving path of ``HFEngine``).
 
-Requests wait in a queue; the engine thread takes everything pending (up to
-``max_batch_size``) as one batch, and requests arriving while it runs join
-the next batch. A batch runs its own decode loop rather than
-``model.generate``, for three reasons: every row keeps its own sampling
-parameters (temperature, top_p, seed through a per-row ``torch.Generator``,
-max_tokens, stop strings), text streams out after every step, and rows that
-finish or whose client leaves are dropped from the batch (and from the KV
-cache) at once instead of riding along until the longest row ends.
+Requests wait in a queue. The engine thread keeps one running batch and,
+before every decode step, admits whatever arrived meanwhile (up to
+``max_batch_size`` rows in all): the newcomers are prefilled together, their
+first token is sampled, and their ``DynamicCache`` rows are merged into the
+running cache (both sides left-padded with masked zeros to the same length),
+so they decode with the rows already running from the next step on. Rows
+that finish or whose client leaves are dropped from the batch and from the
+cache at once, and leading cache columns that no remaining row attends to
+are cut off.
 
-Prompts are left-padded, positions come from the attention mask (as
-``generate`` does), and the KV cache is ``engine.cache_factory(model)`` when
-one is set (e.g. InQuant) or a ``DynamicCache``. Custom caches need not
-support removing rows, so with one, finished rows stay in the batch and are
-ignored.
+The batch runs its own decode loop rather than ``model.generate``: every row
+keeps its own sampling parameters (temperature, top_p, seed through a
+per-row ``torch.Generator``, max_tokens, stop strings) and text streams out
+after every step. Positions come from the attention mask (as in
+``generate``); prefill computes the logits of the last position only.
+
+With ``engine.cache_factory`` set (e.g. InQuant), the KV cache is the
+factory's, which need not support removing or merging rows: then a batch
+runs to its end with finished rows kept (masked out of the output), and new
+requests wait for the next batch (static batching).
+
+``greedy_generate`` is the same decode loop without streaming, used by
+``HFEngine.generate`` for greedy requests (evals): it gives ``generate()``'s
+text, stops each row at EOS, ``max_new_tokens`` or (once it is certain) a
+stop string, and drops finished rows instead of carrying them to the end of
+the batch.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
 
 from llmkit.engines.stream import StreamEvent, StreamLoop, StreamRequest, TextStream
+
+
+def _left_padded(prompts: list[list[int]], pad_id: int, device):
+    """``input_ids``, ``attention_mask`` and ``position_ids`` for left-padded prompts."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        attn[i, width - len(p):] = 1
+    input_ids, attn = input_ids.to(device), attn.to(device)
+    return input_ids, attn, (attn.cumsum(-1) - 1).clamp(min=0)
+
+
+def _last_logits_only(model) -> dict:
+    """``logits_to_keep=1`` where the model takes it: prefill needs the last position's logits only."""
+    import inspect
+
+    try:
+        return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    except (TypeError, ValueError):
+        return {}
+
+
+def _plain_dynamic(cache) -> bool:
+    """True for a ``DynamicCache`` made only of full-attention ``DynamicLayer``s (rows can be merged/cut)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    return type(cache) is DynamicCache and all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def _cache_tensors(cache):
+    for layer in cache.layers:
+        if layer.is_initialized and layer.keys.numel():
+            yield layer
+
+
+def _trim_left(cache, attn: torch.Tensor) -> torch.Tensor:
+    """Cut leading columns that no row attends to (from the mask and every cache layer)."""
+    cols = attn.any(0)
+    first = int(cols.to(torch.int8).argmax()) if bool(cols.any()) else 0
+    if first > 0:
+        for layer in _cache_tensors(cache):
+            layer.keys = layer.keys[:, :, first:]
+            layer.values = layer.values[:, :, first:]
+        attn = attn[:, first:]
+    return attn
+
+
+def _pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    extra = width - t.shape[dim]
+    if extra == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = extra
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+@torch.inference_mode()
+def greedy_generate(model, prompts: list[list[int]], max_new_tokens: int, eos: set[int], pad_id: int,
+                    stop_reached=None) -> list[tuple[list[int], bool]]:
+    """Greedy decoding of one left-padded batch; per row ``(new token ids without EOS, hit_eos)``.
+
+    ``stop_reached(ids) -> bool`` ends a row early (the caller cuts its text). Finished rows are
+    dropped from the batch and the cache; the padding of the remaining rows is left as it is, so
+    every row sees the same inputs as in ``model.generate`` on the same batch.
+    """
+    from transformers import DynamicCache
+
+    dev = model.device
+    input_ids, attn, positions = _left_padded(prompts, pad_id, dev)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=input_ids, attention_mask=attn, position_ids=positions, past_key_values=cache,
+                use_cache=True, **_last_logits_only(model))
+    next_pos = positions[:, -1] + 1
+    ids: list[list[int]] = [[] for _ in prompts]
+    hit_eos = [False] * len(prompts)
+    active = list(range(len(prompts)))  # tensor row -> prompt index
+    while True:
+        tokens = out.logits[:, -1, :].argmax(-1)
+        keep = []
+        for row, (i, t) in enumerate(zip(active, tokens.tolist())):
+            if t in eos:
+                hit_eos[i] = True
+                continue
+            ids[i].append(t)
+            if len(ids[i]) >= max_new_tokens or (stop_reached is not None and stop_reached(ids[i])):
+                continue
+            keep.append(row)
+        if not keep:
+            return list(zip(ids, hit_eos))
+        if len(keep) < len(active):
+            idx = torch.tensor(keep, dtype=torch.long, device=dev)
+            cache.batch_select_indices(idx)
+            attn, next_pos, tokens = attn[idx], next_pos[idx], tokens[idx]
+            active = [active[row] for row in keep]
+        attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
+        out = model(input_ids=tokens[:, None], attention_mask=attn, position_ids=next_pos[:, None],
+                    past_key_values=cache, use_cache=True)
+        next_pos = next_pos + 1
+
+
+@dataclass
+class _Row:
+    req: StreamRequest
+    stream: TextStream
+    gen: torch.Generator | None
+    count: int = 0
+    done: bool = False
+
+
+@dataclass
+class _Batch:
+    """A running batch: rows aligned with the tensors; ``attn`` has one column per cached position."""
+
+    rows: list[_Row]
+    cache: object
+    attn: torch.Tensor
+    next_pos: torch.Tensor  # position of each row's pending token
+    pending: torch.Tensor | None = None  # sampled, not yet fed tokens
+    droppable: bool = True  # plain DynamicCache: rows can be removed and merged
+    extra: dict = field(default_factory=dict)
 
 
 class HFBatcher(StreamLoop):
@@ -36,119 +172,143 @@ class HFBatcher(StreamLoop):
         self.eos = _eos_ids(engine.model, engine.tokenizer)
         tok = engine.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else next(iter(self.eos), 0)
-        self.batches = 0  # number of batches run (tests check that requests share batches)
+        self.batches = 0  # prefill groups run (tests check that requests share them)
+        self.joined = 0  # requests admitted into an already running batch
         self.max_batch_seen = 0
 
+    # -- loop ---------------------------------------------------------------------------------
     def _loop(self):
-        while not self._stopping:
-            batch = self._take(block=True, limit=self.max_batch_size)
-            if not batch:
-                continue
-            if len(batch) < self.max_batch_size and self.coalesce_s:
-                time.sleep(self.coalesce_s)  # let requests sent at the same moment share the batch
-                batch += self._take(block=False, limit=self.max_batch_size - len(batch))
-            self.running = len(batch)
-            self.batches += 1
-            self.max_batch_seen = max(self.max_batch_seen, len(batch))
-            finished: set[str] = set()
+        batch: _Batch | None = None
+        while True:
+            new: list[StreamRequest] = []
+            if batch is None:
+                if self._stopping:
+                    break
+                new = self._take(block=True, limit=self.max_batch_size)
+                if not new:
+                    continue
+                if len(new) < self.max_batch_size and self.coalesce_s:
+                    time.sleep(self.coalesce_s)  # let requests sent at the same moment share the prefill
+                    new += self._take(block=False, limit=self.max_batch_size - len(new))
+            elif not self._stopping and batch.droppable and len(batch.rows) < self.max_batch_size:
+                # on stop the running rows finish; what is still queued gets an error (StreamLoop)
+                new = self._take(block=False, limit=self.max_batch_size - len(batch.rows))
+            added: list[_Row] = []
             try:
-                self._run_batch(batch, finished)
-            except Exception as e:  # a failing batch must not take the server down
-                for r in batch:
-                    if r.id not in finished:
-                        r.on_event(StreamEvent(finish_reason="error", error=f"{type(e).__name__}: {e}"))
-            finally:
-                self.running = 0
+                if new:
+                    self.batches += 1
+                    fresh = self._prefill(new, added)
+                    if batch is not None and fresh is not None:
+                        self.joined += len(fresh.rows)
+                    batch = self._merge(batch, fresh)
+                if batch is not None:
+                    self.running = len(batch.rows)
+                    self.max_batch_seen = max(self.max_batch_seen, sum(not r.done for r in batch.rows))
+                    batch = self._step(batch)
+            except Exception as e:  # a failing step must not take the server down
+                live = (batch.rows if batch is not None else []) + added
+                for row in live:
+                    if not row.done:
+                        row.done = True
+                        row.req.on_event(StreamEvent(finish_reason="error", error=f"{type(e).__name__}: {e}"))
+                batch = None
+            self.running = len(batch.rows) if batch is not None else 0
 
-    def _sample(self, logits: torch.Tensor, reqs: list[StreamRequest], gens) -> list[int]:
-        out = logits.argmax(-1)
-        for row, r in enumerate(reqs):
-            p = r.params
-            if p.greedy:
+    # -- steps --------------------------------------------------------------------------------
+    def _prefill(self, reqs: list[StreamRequest], added: list[_Row]) -> _Batch | None:
+        from transformers import DynamicCache
+
+        model, tok = self.engine.model, self.engine.tokenizer
+        dev = model.device
+        rows = []
+        for r in reqs:
+            g = None
+            if not r.params.greedy and r.params.seed is not None:
+                g = torch.Generator(device=dev)
+                g.manual_seed(int(r.params.seed))
+            rows.append(_Row(r, TextStream(tok, r.params.stop), g))
+        added.extend(rows)
+        input_ids, attn, positions = _left_padded([r.prompt_ids for r in reqs], self.pad_id, dev)
+        cache = self.engine.cache_factory(model) if self.engine.cache_factory is not None else None
+        if cache is None:
+            cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            out = model(input_ids=input_ids, attention_mask=attn, position_ids=positions, past_key_values=cache,
+                        use_cache=True, **_last_logits_only(model))
+        batch = _Batch(rows, cache, attn, positions[:, -1] + 1, droppable=_plain_dynamic(cache))
+        return self._advance(batch, out.logits[:, -1, :].float())
+
+    def _step(self, batch: _Batch) -> _Batch | None:
+        attn = torch.cat([batch.attn, batch.attn.new_ones((batch.attn.shape[0], 1))], dim=1)
+        with torch.inference_mode():
+            out = self.engine.model(input_ids=batch.pending[:, None], attention_mask=attn,
+                                    position_ids=batch.next_pos[:, None], past_key_values=batch.cache, use_cache=True)
+        batch.attn, batch.next_pos = attn, batch.next_pos + 1
+        return self._advance(batch, out.logits[:, -1, :].float())
+
+    def _advance(self, batch: _Batch, logits: torch.Tensor) -> _Batch | None:
+        """Sample one token per row, emit events, drop finished rows; ``None`` once no row runs."""
+        tokens = self._sample(logits, batch.rows)
+        for row, t in zip(batch.rows, tokens.tolist()):
+            if row.done:
                 continue
-            scores = logits[row] / p.temperature
+            r = row.req
+            if r.cancelled:
+                self._end(row, "", "abort")
+            elif t in self.eos:
+                self._end(row, row.stream.finish(), "stop")
+            else:
+                row.count += 1
+                delta = row.stream.add(t)
+                if row.stream.stopped:
+                    self._end(row, delta, "stop")
+                elif row.count >= r.params.max_new_tokens:
+                    delta += row.stream.finish()
+                    self._end(row, delta, "stop" if row.stream.stopped else "length")
+                elif delta:
+                    r.on_event(StreamEvent(text=delta, n_tokens=row.count))
+        keep = [i for i, row in enumerate(batch.rows) if not row.done]
+        if not keep:
+            return None
+        batch.pending = tokens
+        if batch.droppable and len(keep) < len(batch.rows):
+            idx = torch.tensor(keep, dtype=torch.long, device=tokens.device)
+            batch.cache.batch_select_indices(idx)
+            batch.attn, batch.next_pos, batch.pending = batch.attn[idx], batch.next_pos[idx], tokens[idx]
+            batch.rows = [batch.rows[i] for i in keep]
+            batch.attn = _trim_left(batch.cache, batch.attn)
+        return batch
+
+    def _merge(self, a: _Batch | None, b: _Batch | None) -> _Batch | None:
+        """One batch holding the rows of both (caches left-padded to the same length, then stacked)."""
+        if a is None or b is None:
+            return a if b is None else b
+        width = max(a.attn.shape[1], b.attn.shape[1])
+        for la, lb in zip(a.cache.layers, b.cache.layers):
+            la.keys = torch.cat([_pad_left(la.keys, width, 2), _pad_left(lb.keys, width, 2)], dim=0)
+            la.values = torch.cat([_pad_left(la.values, width, 2), _pad_left(lb.values, width, 2)], dim=0)
+        a.attn = torch.cat([_pad_left(a.attn, width, 1), _pad_left(b.attn, width, 1)], dim=0)
+        a.next_pos = torch.cat([a.next_pos, b.next_pos])
+        a.pending = torch.cat([a.pending, b.pending])
+        a.rows = a.rows + b.rows
+        return a
+
+    def _end(self, row: _Row, text: str, reason: str):
+        row.done = True
+        row.req.on_event(StreamEvent(text=text, n_tokens=row.count, finish_reason=reason))
+
+    def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
+        out = logits.argmax(-1)
+        for i, row in enumerate(rows):
+            p = row.req.params
+            if p.greedy or row.done:
+                continue
+            scores = logits[i] / p.temperature
             if p.top_p < 1.0:
                 sorted_scores, order = scores.sort(descending=True)
                 probs = sorted_scores.softmax(-1)
                 # drop tokens once the mass before them already exceeds top_p (the top token always stays)
                 sorted_scores[(probs.cumsum(-1) - probs) > p.top_p] = float("-inf")
                 scores = torch.full_like(scores, float("-inf")).scatter(0, order, sorted_scores)
-            out[row] = torch.multinomial(scores.softmax(-1), 1, generator=gens[row])[0]
-        return out.tolist()
-
-    @torch.inference_mode()
-    def _run_batch(self, reqs: list[StreamRequest], finished: set[str]):
-        from transformers import DynamicCache
-
-        model, tok = self.engine.model, self.engine.tokenizer
-        dev = model.device
-        width = max(len(r.prompt_ids) for r in reqs)
-        input_ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(reqs), width), dtype=torch.long)
-        for i, r in enumerate(reqs):
-            input_ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
-            attn[i, width - len(r.prompt_ids):] = 1
-        input_ids, attn = input_ids.to(dev), attn.to(dev)
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
-
-        cache = self.engine.cache_factory(model) if self.engine.cache_factory is not None else None
-        can_drop_rows = cache is None
-        if cache is None:
-            cache = DynamicCache(config=model.config)
-
-        streams = [TextStream(tok, r.params.stop) for r in reqs]
-        gens = []
-        for r in reqs:
-            g = None
-            if not r.params.greedy and r.params.seed is not None:
-                g = torch.Generator(device=dev)
-                g.manual_seed(int(r.params.seed))
-            gens.append(g)
-        counts = [0] * len(reqs)
-        done = [False] * len(reqs)
-        active = list(range(len(reqs)))  # tensor row -> request index
-
-        def end(i, text, reason):
-            done[i] = True
-            finished.add(reqs[i].id)
-            reqs[i].on_event(StreamEvent(text=text, n_tokens=counts[i], finish_reason=reason))
-
-        out = model(input_ids=input_ids, attention_mask=attn, position_ids=positions,
-                    past_key_values=cache, use_cache=True)
-        logits = out.logits[:, -1, :].float()
-        next_pos = positions[:, -1] + 1
-        while True:
-            tokens = self._sample(logits, [reqs[i] for i in active], [gens[i] for i in active])
-            for row, i in enumerate(active):
-                if done[i]:
-                    continue
-                r, t = reqs[i], tokens[row]
-                if r.cancelled:
-                    end(i, "", "abort")
-                elif t in self.eos:
-                    end(i, streams[i].finish(), "stop")
-                else:
-                    counts[i] += 1
-                    delta = streams[i].add(t)
-                    if streams[i].stopped:
-                        end(i, delta, "stop")
-                    elif counts[i] >= r.params.max_new_tokens:
-                        delta += streams[i].finish()
-                        end(i, delta, "stop" if streams[i].stopped else "length")
-                    elif delta:
-                        r.on_event(StreamEvent(text=delta, n_tokens=counts[i]))
-            keep = [row for row, i in enumerate(active) if not done[i]]
-            if not keep:
-                return
-            step = torch.tensor(tokens, dtype=torch.long, device=dev)
-            if can_drop_rows and len(keep) < len(active):
-                idx = torch.tensor(keep, dtype=torch.long, device=dev)
-                cache.batch_select_indices(idx)
-                attn, next_pos, step = attn[idx], next_pos[idx], step[idx]
-                active = [active[row] for row in keep]
-                self.running = len(active)
-            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
-            out = model(input_ids=step[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                        past_key_values=cache, use_cache=True)
-            logits = out.logits[:, -1, :].float()
-            next_pos = next_pos + 1
+            out[i] = torch.multinomial(scores.softmax(-1), 1, generator=row.gen)[0]
+        return out
