@@ -6,8 +6,9 @@ ratio), and a GPTCache-style similarity-threshold cache (hit ratio; its decision
 private, so it is a reference only).
 
 Workloads (from GSM8K train, ../shared/data/gsm8k/train.jsonl; both are reported)
-    Problems: short GSM8K train problems (at most two calculator steps, at most 45 words),
-    shuffled with a fixed seed. A stream is a sequence of *visits*; a visit is 2-4
+    Problems: short GSM8K train problems (one calculator step by default, --max-steps; at
+    most 45 words), shuffled with a fixed seed. Session 1 allowed two steps; the unperturbed
+    model then got 1 of 32 right with 256 answer tokens, too few for an accuracy comparison. A stream is a sequence of *visits*; a visit is 2-4
     consecutive queries that are templated variants of one problem (the same question
     wrapped as "Solve this math word problem: ...", "... Think step by step.", "I need
     help with my homework. ...", etc., drawn without replacement from 8 templates; the
@@ -92,7 +93,7 @@ WORKLOADS = ("uniform", "zipf")
 ZIPF_S = 1.0
 
 
-def load_problems(path: Path, n: int, seed: int) -> list[dict]:
+def load_problems(path: Path, n: int, seed: int, max_steps: int = 1) -> list[dict]:
     rows = []
     with open(path) as f:
         for line_no, line in enumerate(f, 1):
@@ -102,7 +103,7 @@ def load_problems(path: Path, n: int, seed: int) -> list[dict]:
                 float(gold)
             except (ValueError, KeyError) as e:
                 sys.exit(f"{path}:{line_no}: not a GSM8K record ({e})")
-            if r["answer"].count("<<") <= 2 and len(r["question"].split()) <= 45:
+            if r["answer"].count("<<") <= max_steps and len(r["question"].split()) <= 45:
                 rows.append({"question": r["question"], "gold": gold})
     random.Random(seed).shuffle(rows)
     return rows[:n]
@@ -458,6 +459,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--sweep-capacities", default=None, help="comma list (quick 2,3,4,6; full 2,3,4,6,8,12)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-steps", type=int, default=1, help="calculator steps per GSM8K problem, at most")
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument(
         "--answers",
@@ -504,7 +506,7 @@ def main(argv=None) -> int:
     )
     from llmkit.serving.ldp_cache.embedder import MiniLMEmbedder
 
-    problem_sets = {k: load_problems(args.data, sizes[k], args.seed) for k in kinds}
+    problem_sets = {k: load_problems(args.data, sizes[k], args.seed, args.max_steps) for k in kinds}
     streams = {k: build(k, problem_sets[k], visits, args.seed) for k in kinds}
     for k in kinds:
         qs = streams[k]
