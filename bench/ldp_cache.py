@@ -6,9 +6,8 @@ ratio), and a GPTCache-style similarity-threshold cache (hit ratio; its decision
 private, so it is a reference only).
 
 Workloads (from GSM8K train, ../shared/data/gsm8k/train.jsonl; both are reported)
-    Problems: short GSM8K train problems (one calculator step by default, --max-steps; at
-    most 45 words), shuffled with a fixed seed. Session 1 allowed two steps; the unperturbed
-    model then got 1 of 32 right with 256 answer tokens, too few for an accuracy comparison. A stream is a sequence of *visits*; a visit is 2-4
+    Problems: short GSM8K train problems (at most two calculator steps, --max-steps; at most
+    45 words), shuffled with a fixed seed (session 1's problem set). A stream is a sequence of *visits*; a visit is 2-4
     consecutive queries that are templated variants of one problem (the same question
     wrapped as "Solve this math word problem: ...", "... Think step by step.", "I need
     help with my homework. ...", etc., drawn without replacement from 8 templates; the
@@ -55,8 +54,13 @@ Hit-ratio sweep (no LLM calls)
     with its standard error and the share of pairs where multi-factor is higher.
 
 Accuracy: the last number in the answer equals the GSM8K answer (answers up to
---max-tokens tokens, default 256). SmolLM2-135M is weak on GSM8K, so accuracies are low;
-all arms use the same model and the same queries.
+--max-tokens tokens, default 256). SmolLM2-135M is very weak on GSM8K: asked plainly
+(no privacy, greedy, 256 tokens) it got 1 of 32 of these problems right and 0 of 48
+one-step ones (probes before this run), so accuracy is near 0 in every arm and cannot
+separate them. We therefore also report *agreement with the no-privacy answer*: the
+share of queries whose answer ends in the same number as the model's plain, unperturbed
+answer to the same problem (a utility measure common in private-inference work: how much
+of the non-private output survives). It is defined for right and wrong answers alike.
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ WORKLOADS = ("uniform", "zipf")
 ZIPF_S = 1.0
 
 
-def load_problems(path: Path, n: int, seed: int, max_steps: int = 1) -> list[dict]:
+def load_problems(path: Path, n: int, seed: int, max_steps: int = 2) -> list[dict]:
     rows = []
     with open(path) as f:
         for line_no, line in enumerate(f, 1):
@@ -167,9 +171,9 @@ def last_number(text: str) -> str | None:
     return nums[-1] if nums else None
 
 
-def correct(text: str, gold: str) -> bool:
+def correct(text: str, gold: str | None) -> bool:
     x = last_number(text)
-    return x is not None and abs(float(x) - float(gold)) < 1e-6
+    return x is not None and gold is not None and abs(float(x) - float(gold)) < 1e-6
 
 
 class MemoUpstream:
@@ -329,6 +333,7 @@ def run_cache(
                 "hit": a.cache_hit,
                 "epsilon": a.epsilon,
                 "correct": score and correct(a.text, q["gold"]),
+                "agree": score and correct(a.text, q.get("ref")),
                 "wrong_problem": score and a.cache_hit and owner.get(a.text, q["problem"]) != q["problem"],
             }
         )
@@ -337,6 +342,7 @@ def run_cache(
         "hit_ratio": sum(r["hit"] for r in rows) / n,
         "epsilon_per_query": sum(r["epsilon"] for r in rows) / n,
         "accuracy": sum(r["correct"] for r in rows) / n,
+        "agreement": sum(r["agree"] for r in rows) / n,
         "false_hit_rate": sum(r["wrong_problem"] for r in rows) / n,
     }
 
@@ -403,13 +409,30 @@ def plot(result: dict, path: Path) -> None:
     for row, kind in zip(axes, kinds):
         w = result["workloads"][kind]
         for ax, key, title in zip(
-            row,
-            ["epsilon_per_query", "accuracy", "hit_ratio"],
-            ["epsilon per answered query", "accuracy (GSM8K)", "hit ratio"],
+            row[::2], ["epsilon_per_query", "hit_ratio"], ["epsilon per answered query", "hit ratio"]
         ):
             ax.bar(labels, [w["arms"][a].get(key, 0.0) for a in arms], color=["grey", "C0", "C1", "C2"])
             ax.set_title(f"{kind}: {title}")
             ax.tick_params(axis="x", labelsize=7)
+        ax = row[1]
+        xs = list(range(len(arms)))
+        ax.bar(
+            [x - 0.2 for x in xs],
+            [w["arms"][a].get("accuracy", 0.0) for a in arms],
+            0.4,
+            label="GSM8K accuracy",
+        )
+        ax.bar(
+            [x + 0.2 for x in xs],
+            [w["arms"][a].get("agreement", 0.0) for a in arms],
+            0.4,
+            label="agrees with no-privacy answer",
+        )
+        ax.axhline(w["accuracy_plain_queries"], color="k", ls="--", lw=1, label="no-privacy accuracy")
+        ax.set_xticks(xs, labels)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_title(f"{kind}: answer quality")
+        ax.legend(fontsize=7)
         ax = row[3]
         sw = w.get("sweep", {})
         caps = sorted(int(c) for c in sw)
@@ -459,7 +482,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--sweep-capacities", default=None, help="comma list (quick 2,3,4,6; full 2,3,4,6,8,12)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-steps", type=int, default=1, help="calculator steps per GSM8K problem, at most")
+    ap.add_argument("--max-steps", type=int, default=2, help="calculator steps per GSM8K problem, at most")
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument(
         "--answers",
@@ -544,8 +567,9 @@ def main(argv=None) -> int:
         # arm 1 = per-query LDP without a cache, plus one plain ask per distinct problem
         base = PerQueryLDP(up, PrivacyLedger(":memory:", 1e18), mechanism)
         jobs = []
-        with cf.ThreadPoolExecutor(16) as ex:
-            for wi, k in enumerate(kinds):
+        ex = cf.ThreadPoolExecutor(16)
+        try:
+            for k in kinds:
                 wseed = WORKLOADS.index(k)
                 for i, x in enumerate(streams[k]):
                     jobs.append(
@@ -578,6 +602,8 @@ def main(argv=None) -> int:
                     )
             for _, _, _, f in tqdm(jobs, desc="LLM calls (memoized ones are instant)", file=sys.stderr):
                 f.result()
+        finally:  # on SIGTERM/errors: drop the queued calls (the server is stopped below)
+            ex.shutdown(wait=False, cancel_futures=True)
         calls_baseline = up.calls
         print(f"LLM calls made in this invocation: {calls_baseline} ({time.time() - t0:.0f} s)", flush=True)
 
@@ -592,11 +618,11 @@ def main(argv=None) -> int:
                 "accuracy": sum(correct(a.text, x["gold"]) for a, x in zip(answers, qs)) / n,
                 "false_hit_rate": 0.0,
             }
-            plain_ok = {
-                p: correct(f.result(), problem_sets[k][p]["gold"])
-                for kk, kind, p, f in jobs
-                if kk == k and kind == "plain"
-            }
+            plain_text = {p: f.result() for kk, kind, p, f in jobs if kk == k and kind == "plain"}
+            plain_ok = {p: correct(t, problem_sets[k][p]["gold"]) for p, t in plain_text.items()}
+            for x in qs:  # the no-privacy answer's final number, for the agreement measure
+                x["ref"] = last_number(plain_text[x["problem"]])
+            no_cache["agreement"] = sum(correct(a.text, x["ref"]) for a, x in zip(answers, qs)) / n
             acc_plain_problems = sum(plain_ok.values()) / len(plain_ok)
             acc_plain_queries = sum(plain_ok[x["problem"]] for x in qs) / n  # weighted like the stream
 
@@ -677,7 +703,7 @@ def main(argv=None) -> int:
         if proc is not None:
             proc.terminate()
             try:
-                proc.wait(60)
+                proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
 
@@ -704,6 +730,10 @@ def main(argv=None) -> int:
             f"{r['accuracy_plain_problems']:.3f} per problem ({r['problems']} problems)"
         )
         print(
+            f"[{k}] agreement with the no-privacy answer (same final number as the plain ask): no cache "
+            f"{nc['agreement']:.3f}, LDPCache {mf['agreement']:.3f}, LRU {lru['agreement']:.3f}"
+        )
+        print(
             f"[{k}] hit ratio at capacity {capacity} ({repeats} scheduler seeds): multi-factor "
             f"{mf['hit_ratio']:.3f} (min {mf['hit_ratio_min']:.3f}, max {mf['hit_ratio_max']:.3f}), LRU "
             f"{lru['hit_ratio']:.3f} (min {lru['hit_ratio_min']:.3f}, max {lru['hit_ratio_max']:.3f}), unbounded "
@@ -727,6 +757,9 @@ def main(argv=None) -> int:
                 f"hit_ratio_multifactor{sfx}": round(mf["hit_ratio"], 4),
                 f"hit_ratio_lru{sfx}": round(lru["hit_ratio"], 4),
                 f"accuracy_lru{sfx}": round(lru["accuracy"], 4),
+                f"agreement_no_cache{sfx}": round(nc["agreement"], 4),
+                f"agreement_cache{sfx}": round(mf["agreement"], 4),
+                f"agreement_lru{sfx}": round(lru["agreement"], 4),
                 f"accuracy_plain_no_privacy{sfx}": round(r["accuracy_plain_queries"], 4),
                 f"budget_saving_lru{sfx}": round(1.0 - lru["epsilon_per_query"] / nc["epsilon_per_query"], 4),
                 f"hit_ratio_gptcache_not_private{sfx}": round(arms["gptcache_threshold"]["hit_ratio"], 4),
