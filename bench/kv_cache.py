@@ -133,7 +133,13 @@ def same_number(a: str | None, b: str) -> bool:
         return False
 
 
-def accuracy(model, tok, items, names, group_size, max_new_tokens, batch_size) -> dict:
+def accuracy(model, tok, items, names, group_size, max_new_tokens, batch_size, start: int = 0,
+             budget_s: float | None = None, save=None) -> dict:
+    """Greedy GSM8K accuracy per cache, batch by batch: every name runs on a batch before the next
+    batch starts, so a run stopped by ``budget_s`` (seconds; a batch is not started when the
+    slowest batch so far would overrun it) still compares all names on the same problems.
+    ``save(partial_result)`` is called after each batch. Per-problem correctness is kept under
+    ``ok`` (problem ``start + i``) so parts can be merged."""
     from llmkit.engines.hf import HFEngine
     from llmkit.generation import GenerationParams
     from llmkit.serving.kv_cache import cache_factory
@@ -142,15 +148,51 @@ def accuracy(model, tok, items, names, group_size, max_new_tokens, batch_size) -
                                        add_generation_prompt=True) for it in items]
     gold = [it["answer"].split("####")[-1].strip().replace(",", "") for it in items]
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=0.0)
-    out = {}
+    engines = {name: HFEngine(model, tok, batch_size=batch_size,
+                              cache_factory=None if name == "bf16" else cache_factory(name, group_size=group_size))
+               for name in names}
+    out = {"start": start, "ok": {n: [] for n in names}, "seconds": {n: 0.0 for n in names}}
+    t_start, slowest = time.perf_counter(), 0.0
+    for b in tqdm(range(0, len(items), batch_size), desc="gsm8k batches"):
+        if budget_s is not None and time.perf_counter() - t_start + slowest > budget_s:
+            print(f"gsm8k: time budget reached after {b} problems", flush=True)
+            break
+        t_batch = time.perf_counter()
+        for name in names:
+            t0 = time.perf_counter()
+            comps = engines[name].generate(prompts[b:b + batch_size], params)
+            out["seconds"][name] += time.perf_counter() - t0
+            out["ok"][name] += [same_number(last_number(c[0].text), g) for c, g in zip(comps, gold[b:b + batch_size])]
+        slowest = max(slowest, time.perf_counter() - t_batch)
+        if save is not None:
+            save(summarize_accuracy(out))
+    return summarize_accuracy(out)
+
+
+def summarize_accuracy(a: dict) -> dict:
+    names = list(a["ok"])
+    n = len(a["ok"][names[0]]) if names else 0
+    out = {k: a[k] for k in ("start", "ok", "seconds") if k in a} | {"n": n}
     for name in names:
-        fac = None if name == "bf16" else cache_factory(name, group_size=group_size)
-        eng = HFEngine(model, tok, batch_size=batch_size, cache_factory=fac)
-        comps = eng.generate(prompts, params, progress=True)
-        ok = [same_number(last_number(c[0].text), g) for c, g in zip(comps, gold)]
-        out[name] = {"accuracy": 100.0 * sum(ok) / len(ok), "correct": sum(ok)}
-    out["n"] = len(items)
+        c = sum(a["ok"][name])
+        out[name] = {"accuracy": 100.0 * c / n if n else float("nan"), "correct": c}
     return out
+
+
+def merge_accuracy(parts: list[dict]) -> dict:
+    """Concatenate per-problem results of parts covering consecutive problem ranges."""
+    parts = sorted(parts, key=lambda p: p["start"])
+    names = [n for n in parts[0]["ok"] if all(n in p["ok"] for p in parts)]
+    merged = {"start": parts[0]["start"], "ok": {n: [] for n in names}, "seconds": {n: 0.0 for n in names}}
+    nxt = parts[0]["start"]
+    for p in parts:
+        if p["start"] != nxt:
+            raise SystemExit(f"gsm8k parts are not consecutive: expected a part starting at {nxt}, got {p['start']}")
+        for n in names:
+            merged["ok"][n] += p["ok"][n]
+            merged["seconds"][n] += p["seconds"][n]
+        nxt = p["start"] + p["n"]
+    return summarize_accuracy(merged)
 
 
 # ------------------------------------------------------------------------------ speed
@@ -210,25 +252,121 @@ def decode_speed(model, tok, prompts, names, group_size, new_tokens) -> dict:
 # ------------------------------------------------------------------------------ main
 
 
+def report(res: dict) -> dict:
+    """Print one line per figure for the sections ``res`` holds; return the summary figures."""
+    figs: dict = {}
+    q = res["quick"]
+    if "compression" in res:
+        c = res["compression"]
+        for n in METHODS:
+            print(f"compression {n}: packed {c[n]['packed']:.3f}x, total (packed+scales+descriptors"
+                  f"{'+outlier buffer' if n == 'outlier-buffer' else ''}) {c[n]['total']:.3f}x vs bf16 "
+                  f"at {res['compress_len']} tokens")
+        pairs = res["inquant_outlier_pairs"]
+        print(f"inquant slot reuse: {pairs['k']} key and {pairs['v']} value (outlier, donor) pairs kept per kv-head "
+              f"over all layers, of {pairs['possible']} possible (the rest did not pay, see inquant.py)")
+        figs["compression_packed"] = round(c["inquant"]["packed"], 4)
+        figs["compression_total"] = round(c["inquant"]["total"], 4)
+    if "perplexity" in res:
+        p = res["perplexity"]
+        print(f"perplexity bf16 (unquantized cache): {p['bf16']:.4f} on {p['tokens']} solution tokens "
+              f"of {res['ppl_n']} GSM8K test problems ({res['shots']}-shot context read from the cache)")
+        for n in p:
+            if n in ("bf16", "tokens"):
+                continue
+            r = p[n] / p["bf16"]
+            print(f"perplexity {n}: {p[n]:.4f} (ratio vs bf16 {r:.4f})")
+            figs[f"ppl_ratio_{n.replace('-', '_')}"] = round(r, 4)
+    if "quant_us_per_token" in res:
+        s = res["quant_us_per_token"]
+        for n in METHODS:
+            print(f"quantize+dequantize {n}: {s[n]:.1f} us/token (all layers, K+V, PyTorch CPU)")
+        figs["speedup_vs_outlier_buffer"] = round(s["outlier-buffer"] / s["inquant"], 3)
+        print(f"quantize+dequantize speedup InQuant vs outlier-buffer: {figs['speedup_vs_outlier_buffer']:.2f}x")
+    if "decode_tokens_per_s" in res:
+        d = res["decode_tokens_per_s"]
+        for n in ["bf16", *METHODS]:
+            print(f"decode {n}: {d[n]:.1f} tokens/s (batch 4, greedy)")
+        figs["decode_ratio_vs_bf16"] = round(d["inquant"] / d["bf16"], 3)
+        print(f"decode InQuant/bf16 tokens/s ratio: {figs['decode_ratio_vs_bf16']:.3f}")
+    if "gsm8k" in res:
+        a = res["gsm8k"]
+        first, last = a["start"], a["start"] + a["n"] - 1
+        for n in a["ok"]:
+            print(f"gsm8k greedy accuracy {n}: {a[n]['accuracy']:.2f}% ({a[n]['correct']}/{a['n']}, test problems "
+                  f"{first}..{last}{', quick subset' if q else ''}, max {res['max_new_tokens']} new tokens, "
+                  f"{a['seconds'][n]:.0f} s)")
+        if "inquant" in a and "bf16" in a:
+            figs["gsm8k_acc_bf16"] = a["bf16"]["accuracy"]
+            figs["gsm8k_acc_inquant"] = a["inquant"]["accuracy"]
+            figs["gsm8k_acc_delta_inquant"] = round(a["inquant"]["accuracy"] - a["bf16"]["accuracy"], 2)
+        figs["gsm8k_n"] = a["n"]
+    return figs
+
+
+PARTS = ROOT / "bench" / "results" / "kv_cache_parts"
+
+
+def merge() -> dict:
+    """Combine ``kv_cache_parts/core.json`` and ``kv_cache_parts/acc_*.json`` into one result."""
+    core = json.loads((PARTS / "core.json").read_text())
+    accs = [json.loads(f.read_text()) for f in sorted(PARTS.glob("acc_*.json"))]
+    res = dict(core)
+    if accs:
+        res["gsm8k"] = merge_accuracy([a["gsm8k"] for a in accs])
+        res["max_new_tokens"] = accs[0]["max_new_tokens"]
+        if any(a["max_new_tokens"] != res["max_new_tokens"] for a in accs):
+            raise SystemExit("gsm8k parts used different --max-new-tokens")
+    res["parts"] = ["core.json", *[f.name for f in sorted(PARTS.glob("acc_*.json"))]]
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer problems, shorter runs (~3 min)")
+    ap.add_argument("--quick", action="store_true", help="fewer problems, shorter runs")
+    ap.add_argument("--part", choices=["all", "core", "acc"], default="all",
+                    help="core: compression, perplexity, quant speed, decode -> kv_cache_parts/core.json; "
+                         "acc: GSM8K accuracy from --acc-start -> kv_cache_parts/acc_<start>.json; "
+                         "all: everything in one process")
+    ap.add_argument("--merge", action="store_true",
+                    help="combine kv_cache_parts/*.json into kv_cache.json (runs nothing)")
     ap.add_argument("--model", default=None, help="model name/path (default: the bundled model)")
     ap.add_argument("--group-size", type=int, default=128)
     ap.add_argument("--shots", type=int, default=3, help="train exemplars before each scored question")
     ap.add_argument("--ppl-n", type=int, default=None)
     ap.add_argument("--acc-n", type=int, default=None)
+    ap.add_argument("--acc-start", type=int, default=0, help="first GSM8K test problem of the accuracy run")
+    ap.add_argument("--acc-names", default=None,
+                    help="caches compared on GSM8K (default bf16,inquant,kivi with --quick, else bf16,inquant)")
+    ap.add_argument("--acc-batch", type=int, default=16)
+    ap.add_argument("--budget-min", type=float, default=None,
+                    help="stop the accuracy run before a batch that would end after this many minutes")
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--compress-len", type=int, default=512)
     ap.add_argument("--skip", default="", help="comma list of sections to skip: ppl,acc,speed,decode")
     args = ap.parse_args(argv)
+    q = args.quick
+    if args.merge:
+        res = merge()
+        figs = report(res)
+        res["figures"] = figs
+        out = ROOT / "bench" / "results" / "kv_cache.json"
+        out.write_text(json.dumps(res, indent=2))
+        print(f"results written to {out}")
+        print(json.dumps(figs))
+        return 0
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
-    q = args.quick
     ppl_n = args.ppl_n or (3 if q else 100)
     acc_n = args.acc_n or (6 if q else 200)
     max_new = args.max_new_tokens or (96 if q else 320)
+    acc_names = (args.acc_names or ("bf16,inquant,kivi" if q else "bf16,inquant")).split(",")
     skip = set(filter(None, args.skip.split(",")))
+    if args.part == "core":
+        skip.add("acc")
+    elif args.part == "acc":
+        skip |= {"compression", "ppl", "speed", "decode"}
 
     model, tok = load(args.model)
     model.eval()
@@ -236,72 +374,54 @@ def main(argv=None) -> int:
     prefix = fewshot_context(train, args.shots)
     long_text = fewshot_context(train, 12)
     res: dict = {"model": args.model or "smollm2-135m-instruct", "quick": q, "group_size": args.group_size,
-                 "dtype": str(model.dtype)}
-    figs: dict = {}
+                 "dtype": str(model.dtype), "torch_threads": torch.get_num_threads(),
+                 "compress_len": args.compress_len, "shots": args.shots, "ppl_n": ppl_n,
+                 "max_new_tokens": max_new}
+    if args.part == "all":
+        out = ROOT / "bench" / "results" / ("kv_cache_quick.json" if q else "kv_cache.json")
+    elif args.part == "core":
+        out = PARTS / "core.json"
+    else:
+        out = PARTS / f"acc_{args.acc_start:04d}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
 
-    c = compression(model, tok, long_text, args.compress_len, args.group_size)
-    res["compression"] = c
-    for n in METHODS:
-        print(f"compression {n}: packed {c[n]['packed']:.3f}x, total (packed+scales+descriptors"
-              f"{'+outlier buffer' if n == 'outlier-buffer' else ''}) {c[n]['total']:.3f}x vs bf16 "
-              f"at {args.compress_len} tokens")
-    from llmkit.serving.kv_cache import InQuantCache
+    if "compression" not in skip:
+        res["compression"] = compression(model, tok, long_text, args.compress_len, args.group_size)
+        from llmkit.serving.kv_cache import InQuantCache
 
-    probe = InQuantCache(model.config)
-    with torch.inference_mode():
+        probe = InQuantCache(model.config)
+        with torch.inference_mode():
             model(tok(long_text, return_tensors="pt").input_ids[:, :args.compress_len], past_key_values=probe)
-    pairs = probe.outlier_pairs()
-    res["inquant_outlier_pairs"] = pairs
-    print(f"inquant slot reuse: {pairs['k']} key and {pairs['v']} value (outlier, donor) pairs kept per kv-head "
-          f"over all layers, of {pairs['possible']} possible (the rest did not pay, see inquant.py)")
-    figs["compression_packed"] = round(c["inquant"]["packed"], 4)
-    figs["compression_total"] = round(c["inquant"]["total"], 4)
+        res["inquant_outlier_pairs"] = probe.outlier_pairs()
 
     if "ppl" not in skip:
         extra = ["hf-quanto"] if quanto_available() else []
         if not extra:
             print("transformers QuantizedCache: skipped, optimum-quanto is not installed")
-        p = perplexity(model, tok, test[:ppl_n], prefix, args.group_size, ["bf16", *METHODS, *extra])
-        res["perplexity"] = p
-        print(f"perplexity bf16 (unquantized cache): {p['bf16']:.4f} on {p['tokens']} solution tokens "
-              f"of {ppl_n} GSM8K test problems ({args.shots}-shot context read from the cache)")
-        for n in [*METHODS, *extra]:
-            r = p[n] / p["bf16"]
-            print(f"perplexity {n}: {p[n]:.4f} (ratio vs bf16 {r:.4f})")
-            figs[f"ppl_ratio_{n.replace('-', '_')}"] = round(r, 4)
+        res["perplexity"] = perplexity(model, tok, test[:ppl_n], prefix, args.group_size, ["bf16", *METHODS, *extra])
 
     if "speed" not in skip:
-        s = quant_speed(model, tok, long_text, args.compress_len, args.group_size, reps=2 if q else 5)
-        res["quant_us_per_token"] = s
-        for n in METHODS:
-            print(f"quantize+dequantize {n}: {s[n]:.1f} us/token (all layers, K+V, PyTorch CPU)")
-        figs["speedup_vs_outlier_buffer"] = round(s["outlier-buffer"] / s["inquant"], 3)
-        print(f"quantize+dequantize speedup InQuant vs outlier-buffer: {figs['speedup_vs_outlier_buffer']:.2f}x")
+        res["quant_us_per_token"] = quant_speed(model, tok, long_text, args.compress_len, args.group_size,
+                                                reps=2 if q else 5)
 
     if "decode" not in skip:
         prompts = [prefix[: 600 + 50 * i] for i in range(4)]  # ~150-200 token prompts: packed store in use
-        d = decode_speed(model, tok, prompts, ["bf16", *METHODS], args.group_size, 48 if q else 128)
-        res["decode_tokens_per_s"] = d
-        for n in ["bf16", *METHODS]:
-            print(f"decode {n}: {d[n]:.1f} tokens/s (batch 4, greedy)")
-        figs["decode_ratio_vs_bf16"] = round(d["inquant"] / d["bf16"], 3)
-        print(f"decode InQuant/bf16 tokens/s ratio: {figs['decode_ratio_vs_bf16']:.3f}")
+        res["decode_tokens_per_s"] = decode_speed(model, tok, prompts, ["bf16", *METHODS], args.group_size,
+                                                  48 if q else 128)
 
     if "acc" not in skip:
-        a = accuracy(model, tok, test[:acc_n], ["bf16", "inquant", "kivi"], args.group_size, max_new,
-                     batch_size=16)
-        res["gsm8k"] = a
-        for n in ["bf16", "inquant", "kivi"]:
-            print(f"gsm8k greedy accuracy {n}: {a[n]['accuracy']:.2f}% ({a[n]['correct']}/{a['n']}"
-                  f"{', quick subset' if q else ''}, max {max_new} new tokens)")
-        figs["gsm8k_acc_bf16"] = a["bf16"]["accuracy"]
-        figs["gsm8k_acc_inquant"] = a["inquant"]["accuracy"]
-        figs["gsm8k_acc_delta_inquant"] = round(a["inquant"]["accuracy"] - a["bf16"]["accuracy"], 2)
-        figs["gsm8k_n"] = a["n"]
+        items = test[args.acc_start:args.acc_start + acc_n]
 
+        def save(partial):
+            out.write_text(json.dumps(res | {"gsm8k": partial}, indent=2))
+
+        res["gsm8k"] = accuracy(model, tok, items, acc_names, args.group_size, max_new, args.acc_batch,
+                                start=args.acc_start,
+                                budget_s=None if args.budget_min is None else 60 * args.budget_min,
+                                save=save if args.part == "acc" else None)
+
+    figs = report(res)
     res["figures"] = figs
-    out = ROOT / "bench" / "results" / ("kv_cache_quick.json" if q else "kv_cache.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
     print(f"results written to {out}")
     print(json.dumps(figs))

@@ -62,37 +62,75 @@ def asym_params(mn: torch.Tensor, mx: torch.Tensor, qmax) -> tuple[torch.Tensor,
 
 def channel_params(x: torch.Tensor, role: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel (scale, zero) over dim -2 of ``x [N, H, G, D]``, as bf16-representable float32."""
-    x = x.float()
-    mn, mx, mean = x.amin(-2), x.amax(-2), x.sum(-2) / x.shape[-2]
-    r = role.to(x.device)[None]
+    return _channel_params(x.float(), role.to(x.device), bool((role != NORMAL).any()))
+
+
+def _channel_params(x: torch.Tensor, role: torch.Tensor, pairs: bool):
+    mn, mx = torch.aminmax(x, dim=-2)
+    if not pairs:  # no (outlier, donor) pair: plain 4-bit, no mean needed
+        return asym_params(mn, mx, QMAX4)
+    r = role[None]
     scale, zero = asym_params(mn, mx, torch.where(r == OUTLIER, QMAX8, QMAX4))
     donor = r == DONOR
+    mean = x.sum(-2) / x.shape[-2]
     return torch.where(donor, 0.0, scale), torch.where(donor, round_down(mean), zero)
+
+
+def pack_codes(q: torch.Tensor) -> torch.Tensor:
+    """Codes ``[..., D]`` in [0, 15] (float or uint8) -> ``[..., D/2]`` uint8, channel ``2j`` in the
+    low nibble. Float codes are packed with one fused ``even + 16 * odd`` (exact for integers)."""
+    if q.dtype == torch.uint8:
+        return q[..., 0::2] | (q[..., 1::2] << 4)
+    return torch.add(q[..., 0::2], q[..., 1::2], alpha=16).to(torch.uint8)
+
+
+_LUT: dict = {}
+
+
+def _nibble_lut(device) -> torch.Tensor:
+    """``[256, 2]`` float32 table: byte b -> (b & 15, b >> 4)."""
+    lut = _LUT.get(device)
+    if lut is None:
+        b = torch.arange(256)
+        lut = _LUT[device] = torch.stack((b & 15, b >> 4), dim=-1).float().to(device)
+    return lut
+
+
+def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
+    """``[..., D/2]`` uint8 -> ``[..., D]`` float32 nibble codes with one table lookup per byte."""
+    flat = packed.reshape(-1).to(torch.int32)
+    return _nibble_lut(packed.device).index_select(0, flat).view(*packed.shape[:-1], 2 * packed.shape[-1])
 
 
 def quantize_pack_ref(x: torch.Tensor, role: torch.Tensor, partner: torch.Tensor):
     """Quantize one group per (row, head): ``x [N, H, G, D]`` -> packed ``[N, H, G, D/2]`` uint8,
     scale/zero ``[N, H, D]`` bf16. ``role [H, D]`` and ``partner [H, D]`` come from the descriptor
-    (``partner[h, c]`` is the donor of outlier ``c`` and the outlier of donor ``c``)."""
+    (``partner[h, c]`` is the donor of outlier ``c`` and the outlier of donor ``c``).
+
+    Codes are computed in float32 in place (``floor((x - zero) / scale + 0.5)``, clamped) and
+    packed with :func:`pack_codes`; when the descriptor keeps no pair this is the whole work."""
     x = x.float()
-    N, H, G, D = x.shape
+    N, H, G, _ = x.shape
     role = role.to(x.device)
-    scale, zero = channel_params(x, role)
-    qmax = torch.where(role == OUTLIER, QMAX8, QMAX4)[None, :, None, :]
-    safe = torch.where(scale > 0, scale, 1.0)[:, :, None, :]
-    q = ((x - zero[:, :, None, :]) / safe).add_(0.5).floor_().clamp_(min=0.0)
-    q = torch.minimum(q, qmax).to(torch.uint8)
-    # only the 2k outlier/donor columns per head are rewritten: the outlier keeps its low nibble,
-    # its donor's slot takes the high nibble
     o = (role == OUTLIER).nonzero()[:, 1].view(H, -1)
-    if o.shape[1]:
+    scale, zero = _channel_params(x, role, bool(o.shape[1]))
+    safe = torch.where(scale > 0, scale, 1.0)[:, :, None, :]
+    q = torch.sub(x, zero[:, :, None, :]).div_(safe).add_(0.5).floor_()
+    if not o.shape[1]:
+        q.clamp_(0.0, QMAX4)
+    else:
+        qmax = torch.where(role == OUTLIER, QMAX8, QMAX4)[None, :, None, :]
+        q.clamp_(min=0.0)
+        torch.minimum(q, qmax, out=q)
+        # only the 2k outlier/donor columns per head are rewritten: the outlier keeps its low
+        # nibble, its donor's slot takes the high nibble (float arithmetic, exact for integers)
         d = partner.to(x.device).long().gather(1, o)
         oi = o[None, :, None, :].expand(N, H, G, o.shape[1])
         q8 = q.gather(-1, oi)
-        q.scatter_(-1, oi, q8 & 15)
-        q.scatter_(-1, d[None, :, None, :].expand_as(oi), q8 >> 4)
-    packed = q[..., 0::2] | (q[..., 1::2] << 4)
-    return packed, scale.to(PARAM_DTYPE), zero.to(PARAM_DTYPE)
+        hi = q8.mul(1.0 / 16).floor_()
+        q.scatter_(-1, oi, q8.sub_(hi, alpha=16))
+        q.scatter_(-1, d[None, :, None, :].expand_as(oi), hi)
+    return pack_codes(q), scale.to(PARAM_DTYPE), zero.to(PARAM_DTYPE)
 
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
@@ -106,31 +144,32 @@ def dequant_unpack_ref(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Te
     """Dequantize ``packed [N, H, T, D/2]`` with per-group ``scale/zero [N, H, n_groups, D]``.
 
     ``outliers``/``donors`` ``[H, k]`` (from the descriptor) say where to rebuild 8-bit codes:
-    only those ``k`` channels per head are touched after the generic 4-bit pass.
+    only those ``k`` channels per head are touched after the generic 4-bit pass (one table lookup
+    for the codes, one fused ``zero + code * scale``).
     """
     N, H, T, _ = packed.shape
-    nib = unpack_nibbles(packed)
+    nib = unpack_codes(packed)
     D = nib.shape[-1]
     s, z = scale.float(), zero.float()
-    if len(set(group_lens)) <= 1 and group_lens:
+    n = len(group_lens)
+    uniform = n > 0 and all(g == group_lens[0] for g in group_lens)
+    if uniform:
         G = group_lens[0]
-        x = (nib.view(N, H, len(group_lens), G, D).float() * s[:, :, :, None, :] + z[:, :, :, None, :])
-        x = x.view(N, H, T, D)
+        x = torch.addcmul(z[:, :, :, None, :], nib.view(N, H, n, G, D), s[:, :, :, None, :]).view(N, H, T, D)
     else:
-        tok_group = torch.repeat_interleave(torch.arange(len(group_lens), device=packed.device),
+        tok_group = torch.repeat_interleave(torch.arange(n, device=packed.device),
                                             torch.tensor(group_lens, device=packed.device))
         s_t, z_t = s.index_select(2, tok_group), z.index_select(2, tok_group)
-        x = nib.float() * s_t + z_t
+        x = torch.addcmul(z_t, nib, s_t)
     k = outliers.shape[-1]
     if k:
         oi = outliers.to(packed.device).long()[None, :, None, :].expand(N, H, T, k)
         di = donors.to(packed.device).long()[None, :, None, :].expand(N, H, T, k)
-        q8 = (nib.gather(-1, oi) | (nib.gather(-1, di) << 4)).float()
-        if len(set(group_lens)) <= 1:
-            G = group_lens[0]
-            so = s.gather(-1, oi[:, :, :len(group_lens)])[:, :, :, None, :]
-            zo = z.gather(-1, oi[:, :, :len(group_lens)])[:, :, :, None, :]
-            xo = (q8.view(N, H, len(group_lens), G, k) * so + zo).view(N, H, T, k)
+        q8 = torch.add(nib.gather(-1, oi), nib.gather(-1, di), alpha=16)
+        if uniform:
+            so = s.gather(-1, oi[:, :, :n])[:, :, :, None, :]
+            zo = z.gather(-1, oi[:, :, :n])[:, :, :, None, :]
+            xo = (q8.view(N, H, n, G, k) * so + zo).view(N, H, T, k)
         else:
             xo = q8 * s_t.gather(-1, oi) + z_t.gather(-1, oi)
         x.scatter_(-1, oi, xo)

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from llmkit.kernels.kv_quant import PARAM_DTYPE, asym_params, unpack_nibbles
+from llmkit.kernels.kv_quant import PARAM_DTYPE, asym_params, pack_codes, unpack_codes
 
 
 def quantize_axis(x: torch.Tensor, axis: int, mask: torch.Tensor | None = None):
@@ -27,7 +27,7 @@ def quantize_axis(x: torch.Tensor, axis: int, mask: torch.Tensor | None = None):
     Returns packed ``[..., T, D/2]`` uint8 and bf16 scale/zero with ``axis`` kept as size 1."""
     x = x.float()
     if mask is None:
-        mn, mx = x.amin(axis, keepdim=True), x.amax(axis, keepdim=True)
+        mn, mx = torch.aminmax(x, dim=axis, keepdim=True)
     else:
         mn = torch.where(mask, math.inf, x).amin(axis, keepdim=True)
         mx = torch.where(mask, -math.inf, x).amax(axis, keepdim=True)
@@ -35,27 +35,27 @@ def quantize_axis(x: torch.Tensor, axis: int, mask: torch.Tensor | None = None):
         mx = torch.where(torch.isfinite(mx), mx, 0.0)
     scale, zero = asym_params(mn, mx, 15.0)
     safe = torch.where(scale > 0, scale, 1.0)
-    q = torch.floor((x - zero) / safe + 0.5).clamp_(0.0, 15.0).to(torch.uint8)
-    packed = q[..., 0::2] | (q[..., 1::2] << 4)
-    return packed, scale.to(PARAM_DTYPE), zero.to(PARAM_DTYPE)
+    q = torch.sub(x, zero).div_(safe).add_(0.5).floor_().clamp_(0.0, 15.0)
+    return pack_codes(q), scale.to(PARAM_DTYPE), zero.to(PARAM_DTYPE)
 
 
 def dequant_tokens(packed, scale, zero):
     """Per-token groups: ``scale/zero [..., T, 1]``."""
-    return unpack_nibbles(packed).float() * scale.float() + zero.float()
+    return torch.addcmul(zero.float(), unpack_codes(packed), scale.float())
 
 
 def dequant_channels(packed, scale, zero, group_lens: list[int]):
     """Per-channel groups: ``scale/zero [N, H, n_groups, D]`` over ``group_lens`` tokens each."""
     N, H, T, _ = packed.shape
-    nib = unpack_nibbles(packed).float()
-    if len(set(group_lens)) == 1:
-        G = group_lens[0]
-        x = nib.view(N, H, len(group_lens), G, -1) * scale.float()[:, :, :, None] + zero.float()[:, :, :, None]
+    nib = unpack_codes(packed)
+    n = len(group_lens)
+    if n and all(g == group_lens[0] for g in group_lens):
+        x = torch.addcmul(zero.float()[:, :, :, None], nib.view(N, H, n, group_lens[0], -1),
+                          scale.float()[:, :, :, None])
         return x.view(N, H, T, -1)
-    tok = torch.repeat_interleave(torch.arange(len(group_lens), device=packed.device),
+    tok = torch.repeat_interleave(torch.arange(n, device=packed.device),
                                   torch.tensor(group_lens, device=packed.device))
-    return nib * scale.float().index_select(2, tok) + zero.float().index_select(2, tok)
+    return torch.addcmul(zero.float().index_select(2, tok), nib, scale.float().index_select(2, tok))
 
 
 def split_outliers(x: torch.Tensor, frac: float):

@@ -34,9 +34,17 @@ offline calibration set, so nothing needs calibrating before serving.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
+
+
+@functools.lru_cache(maxsize=64)
+def _sample_positions(T: int, n_samples: int, seed: int) -> torch.Tensor:
+    """``n_samples`` distinct token positions of ``T``, sorted, reproducible from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randperm(T, generator=g)[:n_samples].sort().values
 
 
 def sample_saliency(x: torch.Tensor, n_samples: int = 64, seed: int = 0) -> torch.Tensor:
@@ -44,9 +52,7 @@ def sample_saliency(x: torch.Tensor, n_samples: int = 64, seed: int = 0) -> torc
     ``x [B, H, T, D]``: the channel's range over the sampled tokens (all rows of the batch)."""
     T = x.shape[-2]
     if T > n_samples:
-        g = torch.Generator().manual_seed(seed)
-        idx = torch.randperm(T, generator=g)[:n_samples].sort().values.to(x.device)
-        x = x.index_select(-2, idx)
+        x = x.index_select(-2, _sample_positions(T, n_samples, seed).to(x.device))
     x = x.float()
     return (x.amax(dim=(0, 2)) - x.amin(dim=(0, 2)))
 
@@ -131,6 +137,15 @@ def estimate_descriptor(x: torch.Tensor, n_outliers: int = 4, max_stride: int = 
                         n_samples: int = 64, seed: int = 0, min_ratio: float = 15.0) -> Descriptor:
     """Steps 1-5 on ``x [B, H, T, D]`` (``min_ratio=0`` keeps all ``n_outliers`` pairs)."""
     sal = sample_saliency(x, n_samples=n_samples, seed=seed)
+    H, D = sal.shape
+    if 2 * n_outliers > D:
+        raise ValueError(f"{n_outliers} outliers per head need as many donor channels; head_dim is {D}")
+    if n_outliers == 0 or (min_ratio > 0 and bool((sal.amax(1) <= min_ratio * sal.amin(1)).any())):
+        # exact shortcut: in some head even the most salient channel is within min_ratio of the
+        # least salient one, so its first pair cannot pass the gate and (all heads keeping the
+        # same count) no pair is kept anywhere: skip the donor search
+        empty = torch.zeros(H, 0, dtype=torch.long, device=sal.device)
+        return Descriptor.build(empty, empty)
     out = select_outliers(sal, n_outliers)
     don = assign_donors(sal, out, max_stride=max_stride)
     keep = worthwhile_pairs(sal, out, don, min_ratio)

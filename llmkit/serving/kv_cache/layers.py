@@ -153,7 +153,20 @@ class InQuantLayer(_WindowedQuantLayer):
     def _clear(self):
         super()._clear()
         self.descriptors: dict[str, Descriptor] = {}
-        self._maps: dict[str, tuple] = {}
+        self._maps: dict[str, dict] = {}
+
+    def _slot_maps(self, which: str, device, m: int, D: int) -> dict:
+        """Markers recovered from the descriptor once per layer (and per chunk count ``m``):
+        role/partner repeated ``m`` times along the head axis (so ``m`` chunks of one row are
+        quantized as ``m`` extra heads, without transposing), and the outlier/donor ids."""
+        maps = self._maps.setdefault(which, {})
+        if m not in maps:
+            d = self.descriptors[which]
+            o, dn = d.outlier_ids.to(device), d.donor_ids.to(device)
+            role, partner = role_maps(o, dn, D)
+            maps[m] = (role.repeat_interleave(m, 0), partner.repeat_interleave(m, 0))
+            maps["ids"] = (o, dn)
+        return maps
 
     def _quantize(self, x, which, G):
         B, H, n, D = x.shape
@@ -161,21 +174,19 @@ class InQuantLayer(_WindowedQuantLayer):
             d = estimate_descriptor(x, self.n_outliers, self.max_stride, self.n_samples, self.seed,
                                     self.min_ratio)
             self.descriptors[which] = d
-        d = self.descriptors[which]
-        role, partner = role_maps(d.outlier_ids.to(x.device), d.donor_ids.to(x.device), D)
         m = n // G
-        groups = x.reshape(B, H, m, G, D).transpose(1, 2).reshape(B * m, H, G, D)
-        packed, scale, zero = quantize_pack(groups, role, partner, backend=self.backend)
-        return {
-            "packed": packed.view(B, m, H, G, D // 2).transpose(1, 2).reshape(B, H, n, D // 2),
-            "scale": scale.view(B, m, H, D).transpose(1, 2),
-            "zero": zero.view(B, m, H, D).transpose(1, 2),
-        }
+        role, partner = self._slot_maps(which, x.device, m, D)[m]
+        # [B, H, m*G, D] viewed as B rows of H*m groups of G tokens: no copy, and the outputs are
+        # already in the store's layout (packed [B, H, n, D/2], scale/zero [B, H, m, D])
+        packed, scale, zero = quantize_pack(x.reshape(B, H * m, G, D), role, partner, backend=self.backend)
+        return {"packed": packed.view(B, H, n, D // 2), "scale": scale.view(B, H, m, D),
+                "zero": zero.view(B, H, m, D)}
 
     def _dequantize(self, which):
-        s, d = self.store[which], self.descriptors[which]
-        return dequant_unpack(s["packed"], s["scale"], s["zero"], self.group_lens,
-                              d.outlier_ids, d.donor_ids, backend=self.backend)
+        s = self.store[which]
+        o, dn = self._slot_maps(which, s["packed"].device, 1, 2 * s["packed"].shape[-1])["ids"]
+        return dequant_unpack(s["packed"], s["scale"], s["zero"], self.group_lens, o, dn,
+                              backend=self.backend)
 
     def _meta_nbytes(self):
         return sum(d.nbytes for d in self.descriptors.values())
@@ -211,14 +222,14 @@ class OutlierBufferLayer(_WindowedQuantLayer):
     def _quantize(self, x, which, G):
         B, H, n, D = x.shape
         m = n // G
-        chunks = x.float().reshape(B, H, m, G, D).transpose(1, 2).reshape(B * m, H, G, D)
-        mask, vals, idx = bl.split_outliers(chunks, self.outlier_frac)
+        # [B, H, m*G, D] viewed as B rows of H*m chunks (no copy): topk per (row, head, chunk)
+        mask, vals, idx = bl.split_outliers(x.float().reshape(B, H * m, G, D), self.outlier_frac)
         k = vals.shape[-1]
         # positions become global within the row's sequence: chunk start * D + local position
         start = (self.n_packed + torch.arange(m, device=x.device) * G) * D
-        idx = idx.view(B, m, H, k) + start.view(1, m, 1, 1).to(torch.int32)
-        vals, idx = vals.view(B, m, H, k).transpose(1, 2).reshape(B, H, m * k), idx.transpose(1, 2).reshape(B, H, m * k)
-        mask = mask.view(B, m, H, G, D).transpose(1, 2).reshape(B, H, n, D)
+        idx = idx.view(B, H, m, k) + start.view(1, 1, m, 1).to(torch.int32)
+        vals, idx = vals.view(B, H, m * k), idx.view(B, H, m * k)
+        mask = mask.view(B, H, n, D)
         if which == "v":
             packed, scale, zero = bl.quantize_axis(x, axis=-1, mask=mask)
             out = {"packed": packed, "scale": scale[..., 0], "zero": zero[..., 0]}
