@@ -37,6 +37,8 @@ def main():
     ap.add_argument("--steps", type=int, default=None, help="steps per trainer per round")
     ap.add_argument("--completion-length", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--max-minutes", type=float, default=None, help="start no further round when another one "
+                    "(at the mean round time so far) would end past this many minutes; the JSON records the rounds run")
     ap.add_argument("--compare-runs", nargs=2, metavar=("VSPO_DIR", "GRPO_DIR"), default=None,
                     help="instead of timing: summarise two finished `llmkit train vspo` runs (VSPO and --mode grpo): "
                     "behaviour rate and accuracy before/after, and their reward curves in one plot")
@@ -92,7 +94,13 @@ def main():
     from tqdm.auto import tqdm
 
     bar = tqdm(total=rounds * len(arms), desc="rounds x trainers", file=sys.stderr)
+    t_start, rounds_run = time.perf_counter(), 0
     for r in range(rounds):
+        elapsed = time.perf_counter() - t_start
+        if r and args.max_minutes is not None and elapsed * (r + 1) / r > args.max_minutes * 60:
+            print(f"stopping after {r} rounds: --max-minutes {args.max_minutes:g}", file=sys.stderr)
+            break
+        rounds_run = r + 1
         for name, corr in arms.items():
             m = copy.deepcopy(model)
             if corr is None:
@@ -117,7 +125,7 @@ def main():
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / ("vspo_quick.json" if args.quick else "vspo.json")
     out.write_text(json.dumps({"figures": fig, "step_times": {k: t.times for k, t in timers.items()},
-                               "rounds": rounds, "steps_per_round": steps, "model": args.model,
+                               "rounds": rounds_run, "steps_per_round": steps, "threads": args.threads, "model": args.model,
                                "completion_length": args.completion_length, "rows_per_step": 8}, indent=2) + "\n")
     print(f"wrote {out}")
     print(json.dumps(fig))
