@@ -96,20 +96,35 @@ def compression(model, tok, text: str, length: int, group_size: int) -> dict:
 
 
 @torch.inference_mode()
-def perplexity(model, tok, items, context_prefix: str, group_size: int, names) -> dict:
+def perplexity(model, tok, items, context_prefix: str, group_size: int, names, shared_prefill: bool = True) -> dict:
+    """Teacher-forced NLL of each reference solution after a context read back from each cache.
+
+    ``shared_prefill``: the context's keys/values and its last logits do not depend on the cache
+    (a forward pass attends to its own tokens unquantized and ``update`` returns them as given),
+    so the context is run once through an unquantized cache and its per-layer keys/values are
+    written into each cache with ``cache.update`` -- the same calls the model's own prefill makes.
+    ``False`` runs the prefill through every cache (same result, ~len(names) times the cost)."""
+    from transformers import DynamicCache
+
     nll = {n: 0.0 for n in names}
     count = 0
     for it in tqdm(items, desc="perplexity", unit="problem"):
         ctx = tok(context_prefix + f"Question: {it['question']}\nAnswer:", return_tensors="pt").input_ids
         tgt = tok(" " + it["answer"], return_tensors="pt", add_special_tokens=False).input_ids
         count += tgt.shape[1]
+        if shared_prefill:
+            ref = DynamicCache(config=model.config)
+            first = model(ctx, past_key_values=ref, use_cache=True).logits[:, -1:]
+            kv = [(layer.keys, layer.values) for layer in ref.layers]
         for name in names:
             cache = make_cache(name, model, group_size)
             if cache is None:
-                from transformers import DynamicCache
-
                 cache = DynamicCache(config=model.config)
-            first = model(ctx, past_key_values=cache, use_cache=True).logits[:, -1:]
+            if shared_prefill:
+                for i, (k, v) in enumerate(kv):
+                    cache.update(k, v, i)
+            else:
+                first = model(ctx, past_key_values=cache, use_cache=True).logits[:, -1:]
             if hasattr(cache, "flush"):
                 cache.flush()
             rest = model(tgt, past_key_values=cache, use_cache=True).logits[:, :-1]
