@@ -339,3 +339,109 @@ def test_states_recorded_during_generation_match_teacher_forcing(fitted, tiny_mo
     assert k == min(5, comps[0].completion_tokens) - (comps[0].finish_reason == "length")
     torch.testing.assert_close(got.states[1], ref.states[1][:k], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got.states[2], ref.states[2][:k], atol=1e-4, rtol=1e-4)
+
+
+# ---- cheaper server-path check: truncated pass, prompt prefilled beside generation ----------
+
+def test_truncated_capture_equals_full_pass_and_skips_deeper_blocks(tiny_tokenizer):
+    from llmkit.generation import chat_prompt
+    from llmkit.testing import tiny_llama
+
+    model = tiny_llama(num_layers=4)
+    c = conv("a question", "bonjour merci beaucoup")
+    calls = []
+    hooks = [model.model.layers[i].register_forward_hook(lambda *a, i=i: calls.append(i)) for i in range(4)]
+    hooks.append(model.lm_head.register_forward_hook(lambda *a: calls.append("head")))
+    try:
+        cap = capture(model, tiny_tokenizer, [c], [1, 2])[0]
+        assert calls == [0, 1]  # blocks 3, 4, the final norm's consumers and the LM head never ran
+        calls.clear()
+        full_layers = capture(model, tiny_tokenizer, [c], [2, 4])[0]
+        assert calls == [0, 1, 2, 3]
+    finally:
+        for h in hooks:
+            h.remove()
+    p_ids = tiny_tokenizer(chat_prompt(tiny_tokenizer, c[:-1]), add_special_tokens=False)["input_ids"]
+    r_ids = tiny_tokenizer(c[-1]["content"], add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        hs = model.model(input_ids=torch.tensor([p_ids + r_ids]), output_hidden_states=True).hidden_states
+    for l in (1, 2):
+        assert torch.equal(cap.states[l], hs[l][0, len(p_ids):])  # same ops, same numbers
+    assert torch.equal(full_layers.states[4], hs[4][0, len(p_ids):])  # the last layer keeps the final norm
+
+
+def test_check_after_prefill_equals_whole_pass(fitted, tiny_model, tiny_tokenizer):
+    engine = StubEngine(tiny_model, tiny_tokenizer)
+    cases = compliant(3) + violating(2) + [conv("say nothing", "")]
+    for c in cases:
+        pre = fitted.prefill(engine, c[:-1])
+        assert pre is not None and len(pre.ids) > 0
+        whole = fitted.check(engine, c[:-1], c[-1]["content"])
+        fast = fitted.check(engine, c[:-1], c[-1]["content"], prefill=pre)
+        assert fast["n_tokens"] == whole["n_tokens"] and fast["flagged"] == whole["flagged"]
+        assert fast["score"] == pytest.approx(whole["score"], rel=1e-4, abs=1e-4)
+        # one prefill serves several choices: it is not consumed by a check
+        again = fitted.check(engine, c[:-1], c[-1]["content"] + " encore", prefill=pre)
+        ref = fitted.check(engine, c[:-1], c[-1]["content"] + " encore")
+        assert again["score"] == pytest.approx(ref["score"], rel=1e-4, abs=1e-4)
+
+
+def test_prefill_falls_back_when_the_whole_pass_would_cut_the_prompt(fitted, tiny_model, tiny_tokenizer):
+    import importlib
+
+    cap_mod = importlib.import_module("llmkit.serving.guard.capture")
+    c = conv("q", "oui merci")
+    pre = cap_mod.prefill(tiny_model, tiny_tokenizer, c[:-1], [1, 2], max_length=1024)
+    n_prompt = len(pre.ids)
+    assert cap_mod.capture_after_prefill(tiny_model, tiny_tokenizer, pre, "oui merci", [1, 2],
+                                         max_length=n_prompt + 1) is None
+    assert cap_mod.prefill(tiny_model, tiny_tokenizer, c[:-1], [1, 2], max_length=n_prompt) is None
+    assert cap_mod.capture_after_prefill(tiny_model, tiny_tokenizer, pre, "oui", [1, 3]) is None  # layer 3 missing
+
+
+def test_taps_ignore_other_threads(tiny_model, tiny_tokenizer):
+    import importlib
+    import threading
+
+    cap_mod = importlib.import_module("llmkit.serving.guard.capture")
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        ref = tiny_model(input_ids=ids).logits
+    out = {}
+    with cap_mod._Taps(tiny_model, [1]) as taps:  # stops after block 1, for this thread only
+        t = threading.Thread(target=lambda: out.setdefault("logits", tiny_model(input_ids=ids).logits.detach()))
+        t.start()
+        t.join()
+        assert taps.states == {}
+        assert set(taps.run(input_ids=ids)) == {1}
+    torch.testing.assert_close(out["logits"], ref)  # the other thread's forward ran to the end, untouched
+
+
+def test_server_guard_uses_prefill_and_scores_like_the_whole_pass(fitted, tiny_model, tiny_tokenizer):
+    import httpx
+
+    from llmkit.engines.hf import HFEngine
+    from llmkit.serving.server import BackgroundServer, ServerConfig, build_app
+
+    class Spy(Guard):
+        pass
+
+    spy = Spy(fitted.manifolds, fitted.center, fitted.scale, fitted.threshold, fitted.meta)
+    seen = []
+    orig = Guard.check
+
+    def check(self, engine, messages, text, prefill=None):
+        seen.append(prefill is not None)
+        return orig(self, engine, messages, text, prefill=prefill)
+
+    Spy.check = check
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    app = build_app(engine, ServerConfig(model_name="tiny", max_model_len=256, guard=spy, guard_action="annotate"))
+    msgs = conv("bonjour", "")[:-1]
+    with BackgroundServer(app) as server:
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                       json={"messages": msgs, "max_tokens": 6, "temperature": 0}).json()
+    text, verdict = r["choices"][0]["message"]["content"], r["choices"][0]["guard"]
+    assert seen == [True]
+    whole = fitted.check(StubEngine(tiny_model, tiny_tokenizer), msgs, text)
+    assert verdict["score"] == pytest.approx(whole["score"], rel=1e-4, abs=1e-4)

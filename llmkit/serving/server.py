@@ -14,8 +14,11 @@ sequence; their events arrive on the engine thread and are handed to the
 event loop. A client that leaves (mid-stream or while waiting) has its
 sequences cancelled and its slot freed.
 
-Guard hook (``ServerConfig.guard``): after each choice is complete,
-``guard.check(engine, messages, text)`` scores it; ``annotate`` adds the
+Guard hook (``ServerConfig.guard``): when a request arrives,
+``guard.prefill(engine, messages)`` (if the guard has it) runs the prompt's
+share of the guard's pass in a worker thread while the engine generates;
+after each choice is complete, ``guard.check(engine, messages, text,
+prefill=...)`` scores it (only the response tokens left to run); ``annotate`` adds the
 verdict to the choice, ``block`` replaces a flagged answer with a refusal
 (finish_reason ``content_filter``), ``correct`` replaces it with
 ``guard.correct(engine, messages, params)``. With block/correct a streamed
@@ -159,11 +162,27 @@ class _Server:
             self.streamer.submit(r)
         return q, reqs
 
-    async def guard_verdict(self, messages, text, params):
+    def guard_prefill(self, messages_list):
+        """Start the guard's prompt pass beside generation (one task per prompt), if the guard has one."""
+        if self.cfg.guard is None or not hasattr(self.cfg.guard, "prefill"):
+            return [None] * len(messages_list)
+        view = _EngineView(self.engine, self.streamer)
+        return [asyncio.ensure_future(asyncio.to_thread(self.cfg.guard.prefill, view, m)) for m in messages_list]
+
+    async def guard_verdict(self, messages, text, params, prefill=None):
         """(text, finish_override, annotation) after the guard looked at one finished choice."""
         guard, action = self.cfg.guard, self.cfg.guard_action
         view = _EngineView(self.engine, self.streamer)
-        res = await asyncio.to_thread(guard.check, view, messages, text)
+        pre = None
+        if prefill is not None:
+            try:
+                pre = await prefill
+            except Exception:  # the check then runs its whole pass
+                pre = None
+        if pre is not None:
+            res = await asyncio.to_thread(guard.check, view, messages, text, prefill=pre)
+        else:
+            res = await asyncio.to_thread(guard.check, view, messages, text)
         flagged, score = bool(res["flagged"]), float(res["score"])
         finish = None
         if flagged:
@@ -180,6 +199,7 @@ class _Server:
 
     async def complete(self, request, chat, req, prompt_ids, params_list, messages_list):
         q, reqs = self.launch(prompt_ids, params_list, req.n)
+        prefills = self.guard_prefill(messages_list)
         k = len(reqs)
         texts, counts, finish = [""] * k, [0] * k, [None] * k
         t0, first = time.perf_counter(), True
@@ -212,7 +232,8 @@ class _Server:
             choice = {"index": i, "finish_reason": finish[i], "logprobs": None}
             text = texts[i]
             if self.cfg.guard is not None:
-                text, override, verdict = await self.guard_verdict(messages_list[i // req.n], text, params_list[i])
+                text, override, verdict = await self.guard_verdict(messages_list[i // req.n], text, params_list[i],
+                                                                   prefills[i // req.n])
                 choice["finish_reason"] = override or finish[i]
                 choice["guard"] = verdict
             if chat:
@@ -232,6 +253,7 @@ class _Server:
     async def stream(self, chat, req, prompt_ids, params_list, messages_list, reqs_box):
         q, reqs = self.launch(prompt_ids, params_list, req.n)
         reqs_box.extend(reqs)
+        prefills = self.guard_prefill(messages_list)
         k = len(reqs)
         rid, created = new_id("chatcmpl" if chat else "cmpl"), now()
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -275,7 +297,7 @@ class _Server:
                 finish, extra = ev.finish_reason, None
                 if self.cfg.guard is not None:
                     text, override, verdict = await self.guard_verdict(messages_list[i // req.n], texts[i],
-                                                                       params_list[i])
+                                                                       params_list[i], prefills[i // req.n])
                     finish, extra = override or finish, {"guard": verdict}
                     if hold and text:
                         yield chunk(i, text)

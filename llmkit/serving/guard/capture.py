@@ -66,6 +66,78 @@ def _encode(tokenizer, prompt_messages, response, max_length, max_response_token
     return p_ids, r_ids
 
 
+class _StopForward(Exception):
+    """Raised by the tap on the highest needed block: the rest of the network is not run."""
+
+
+def _layer_module(base, num_layers: int, layer: int):
+    """The module whose output is ``output_hidden_states[layer]``."""
+    if layer == 0:
+        return base.embed_tokens
+    if layer == num_layers and getattr(base, "norm", None) is not None:
+        return base.norm
+    return base.layers[layer - 1]
+
+
+class _Taps:
+    """Forward hooks that keep the outputs of the chosen layers, for the calling thread only.
+
+    With ``stop=True`` and a highest layer below the last, the forward is cut after
+    that block (:class:`_StopForward`), so deeper blocks and the final norm are not
+    computed. Hooks on a shared model see every thread's forwards (the server's
+    batcher runs beside the guard), so a hook ignores forwards of other threads.
+    """
+
+    def __init__(self, model, layers: list[int], stop: bool = True):
+        import threading
+
+        self.base = _backbone(model)
+        self.n = model.config.num_hidden_layers
+        self.layers = sorted(set(layers))
+        self.top = max(self.layers)
+        self.truncates = stop and self.top < self.n
+        self.states: dict[int, torch.Tensor] = {}
+        self._tid = threading.get_ident()
+        self._handles = []
+
+    def __enter__(self):
+        for l in self.layers:
+            last = self.truncates and l == self.top
+            self._handles.append(_layer_module(self.base, self.n, l).register_forward_hook(self._hook(l, last)))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _hook(self, layer, last):
+        import threading
+
+        def hook(_module, _inputs, output):
+            if threading.get_ident() != self._tid:
+                return
+            self.states[layer] = output[0] if isinstance(output, tuple) else output
+            if last:
+                raise _StopForward
+
+        return hook
+
+    def run(self, **inputs) -> dict[int, torch.Tensor]:
+        """One forward of the backbone (no LM head); returns {layer: (B, W, d)}."""
+        self.states = {}
+        try:
+            _backbone_call(self.base, **inputs)
+        except _StopForward:
+            pass
+        return self.states
+
+
+def _backbone_call(base, **inputs):
+    inputs.setdefault("use_cache", False)
+    return base(**inputs)
+
+
 @torch.inference_mode()
 def capture(model, tokenizer, conversations: list[list[dict]], layers: list[int], *,
             with_logprobs: bool = False, batch_size: int = 8, max_length: int = 1024,
@@ -74,6 +146,8 @@ def capture(model, tokenizer, conversations: list[list[dict]], layers: list[int]
 
     An empty response is represented by the state at the last prompt token
     (the position that chose to stop), so every capture has at least one row.
+    Only the backbone runs (never the LM head, except on the response rows for
+    ``with_logprobs``), and it stops after the highest requested block.
     """
     from tqdm.auto import tqdm
 
@@ -89,40 +163,101 @@ def capture(model, tokenizer, conversations: list[list[dict]], layers: list[int]
     out: list[Capture | None] = [None] * len(encoded)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = next(model.parameters()).device
-    backbone = _backbone(model)
     head = model.get_output_embeddings()
+    tap_layers = sorted(set(layers) | ({n_hidden} if with_logprobs else set()))
     bar = tqdm(total=len(encoded), desc="guard capture", disable=not progress, unit="resp")
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
-        seqs = [encoded[i][0] + encoded[i][1] for i in idx]
-        width = max(len(s) for s in seqs)
-        # right padding keeps position ids 0..n-1 for every row, as in an unpadded pass
-        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for r, s in enumerate(seqs):
-            ids[r, : len(s)] = torch.tensor(s)
-            mask[r, : len(s)] = 1
-        res = backbone(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True)
-        hs = res.hidden_states
-        for r, i in enumerate(idx):
-            p_len, r_len = len(encoded[i][0]), len(encoded[i][1])
-            lo, hi = (p_len, p_len + r_len) if r_len else (p_len - 1, p_len)
-            states = {l: hs[l][r, lo:hi].float().cpu() for l in layers}
-            cap = Capture(states=states, n_tokens=r_len)
-            if with_logprobs and r_len:
-                # position t predicts token t+1: response tokens are predicted from p_len-1 .. end-1
-                logits = head(hs[-1][r, p_len - 1 : p_len + r_len - 1]).float()
-                logp = torch.log_softmax(logits, dim=-1)
-                target = ids[r, p_len : p_len + r_len].to(logp.device)
-                cap.token_logprobs = logp.gather(1, target[:, None])[:, 0].cpu()
-                cap.token_entropies = -(logp.exp() * logp).sum(-1).cpu()
-            elif with_logprobs:
-                cap.token_logprobs = torch.zeros(0)
-                cap.token_entropies = torch.zeros(0)
-            out[i] = cap
-        bar.update(len(idx))
+    with _Taps(model, tap_layers) as taps:
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            seqs = [encoded[i][0] + encoded[i][1] for i in idx]
+            width = max(len(s) for s in seqs)
+            # right padding keeps position ids 0..n-1 for every row, as in an unpadded pass
+            ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(seqs), width), dtype=torch.long)
+            for r, s in enumerate(seqs):
+                ids[r, : len(s)] = torch.tensor(s)
+                mask[r, : len(s)] = 1
+            hs = taps.run(input_ids=ids.to(device), attention_mask=mask.to(device))
+            for r, i in enumerate(idx):
+                p_len, r_len = len(encoded[i][0]), len(encoded[i][1])
+                lo, hi = (p_len, p_len + r_len) if r_len else (p_len - 1, p_len)
+                states = {l: hs[l][r, lo:hi].float().cpu() for l in layers}
+                cap = Capture(states=states, n_tokens=r_len)
+                if with_logprobs and r_len:
+                    # position t predicts token t+1: response tokens are predicted from p_len-1 .. end-1
+                    logits = head(hs[n_hidden][r, p_len - 1 : p_len + r_len - 1]).float()
+                    logp = torch.log_softmax(logits, dim=-1)
+                    target = ids[r, p_len : p_len + r_len].to(logp.device)
+                    cap.token_logprobs = logp.gather(1, target[:, None])[:, 0].cpu()
+                    cap.token_entropies = -(logp.exp() * logp).sum(-1).cpu()
+                elif with_logprobs:
+                    cap.token_logprobs = torch.zeros(0)
+                    cap.token_entropies = torch.zeros(0)
+                out[i] = cap
+            bar.update(len(idx))
     bar.close()
     return out  # type: ignore[return-value]
+
+
+@dataclass
+class Prefill:
+    """The prompt's KV cache (blocks up to the highest guard layer), computed before the response exists.
+
+    The server starts it when a request arrives, so the prompt's share of the
+    teacher-forced pass runs while the engine generates; :func:`capture_after_prefill`
+    then feeds only the response tokens.
+    """
+
+    ids: list[int]
+    cache: object
+    last: dict[int, torch.Tensor]  # layer -> (1, d) state at the last prompt position
+    layers: list[int]
+
+
+@torch.inference_mode()
+def prefill(model, tokenizer, prompt_messages: list[dict], layers: list[int], *,
+            max_length: int = 1024) -> Prefill | None:
+    """Run the prompt through the blocks the guard needs; ``None`` when it is too long to keep whole."""
+    from transformers import DynamicCache
+
+    from llmkit.generation import chat_prompt
+
+    p_ids = tokenizer(chat_prompt(tokenizer, prompt_messages), add_special_tokens=False)["input_ids"]
+    if not p_ids or len(p_ids) >= max_length:
+        return None
+    device = next(model.parameters()).device
+    cache = DynamicCache(config=model.config)
+    with _Taps(model, layers) as taps:
+        hs = taps.run(input_ids=torch.tensor([p_ids], device=device), past_key_values=cache, use_cache=True)
+    return Prefill(ids=list(p_ids), cache=cache, last={l: hs[l][0, -1:].float().cpu() for l in layers},
+                   layers=sorted(layers))
+
+
+@torch.inference_mode()
+def capture_after_prefill(model, tokenizer, pre: Prefill, response: str, layers: list[int], *,
+                          max_length: int = 1024, max_response_tokens: int = 256) -> Capture | None:
+    """The :func:`capture` of prompt + ``response`` from a :class:`Prefill` of the prompt.
+
+    Returns ``None`` when :func:`capture` would cut the prompt (prompt + response
+    longer than ``max_length``) or the prefill lacks a layer: the caller then runs
+    the whole pass.
+    """
+    import copy
+
+    r_ids = tokenizer(response, add_special_tokens=False)["input_ids"][:max_response_tokens]
+    if len(pre.ids) + len(r_ids) > max_length or max(layers) > max(pre.layers):
+        return None
+    if not r_ids:
+        return Capture(states={l: pre.last[l] for l in layers}, n_tokens=0)
+    p_len, r_len = len(pre.ids), len(r_ids)
+    device = next(model.parameters()).device
+    cache = copy.deepcopy(pre.cache)  # the prefill may serve several choices (n > 1)
+    with _Taps(model, layers) as taps:
+        hs = taps.run(input_ids=torch.tensor([r_ids], device=device),
+                      attention_mask=torch.ones((1, p_len + r_len), dtype=torch.long, device=device),
+                      position_ids=torch.arange(p_len, p_len + r_len, device=device)[None],
+                      past_key_values=cache, use_cache=True)
+    return Capture(states={l: hs[l][0].float().cpu() for l in layers}, n_tokens=r_len)
 
 
 class GenerationRecorder:

@@ -199,8 +199,33 @@ class Guard:
         z = self.layer_z(caps)
         return [self._result(z[i], caps[i].n_tokens) for i in range(len(caps))]
 
-    def check(self, engine, messages: list[dict], response_text: str) -> dict:
-        """Score one response to ``messages`` (the prompt, without the response)."""
+    def prefill(self, engine, messages: list[dict]):
+        """Run the prompt's share of :meth:`check`'s pass ahead of time (while the engine generates).
+
+        Returns a :class:`~llmkit.serving.guard.capture.Prefill` to hand to :meth:`check`
+        (``None`` when the prompt is too long to keep whole; check then runs the whole pass).
+        """
+        from llmkit.serving.guard.capture import prefill
+
+        model, tok = engine_model(engine)
+        self._check_model(model)
+        return prefill(model, tok, messages, self.layers)
+
+    def check(self, engine, messages: list[dict], response_text: str, prefill=None) -> dict:
+        """Score one response to ``messages`` (the prompt, without the response).
+
+        With ``prefill`` (from :meth:`prefill` on the same ``messages``) only the response
+        tokens are run; the states, so the score, equal those of the whole pass up to float
+        rounding (tests/test_guard.py checks it).
+        """
+        if prefill is not None:
+            from llmkit.serving.guard.capture import capture_after_prefill
+
+            model, tok = engine_model(engine)
+            cap = capture_after_prefill(model, tok, prefill, response_text, self.layers,
+                                        max_response_tokens=self.max_response_tokens)
+            if cap is not None:
+                return self._result(self.layer_z([cap])[0], cap.n_tokens)
         return self.check_batch(engine, [messages], [response_text])[0]
 
     def generate(self, engine, prompts_messages: list[list[dict]], params) -> list[tuple[str, dict]]:
