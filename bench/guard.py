@@ -22,11 +22,25 @@ What it measures, all in one run on the same responses:
    the system instruction re-asserted (same decoding), the regeneration is kept
    only when its chaos score is lower than the flagged original's, and re-graded; IHEval scores
    (benchmark averaging, aligned and conflict) with no guard vs guard + correct.
-5. Overhead. For a few test prompts, one request at a time on the transformers
-   engine, back to back on the same request so all see the same machine load:
-   plain generation vs ``Guard.generate`` (states recorded during generation,
-   `latency_ratio`) vs generation + ``Guard.check`` (a teacher-forced pass, the
-   path for engines without hooks, `latency_ratio_teacher_forced`).
+5. Overhead, on the serving path. The fitted guard is saved and two `llmkit serve`
+   subprocesses (transformers engine, 1 torch thread each) start: one plain, one with
+   `--guard DIR --guard-action annotate`. A few test prompts are sent one request at a
+   time, alternately to each server (so both see the same machine load), same
+   greedy decoding: `latency_ratio` = total client latency with the guard / without.
+   `cpu_ratio` is the same for the servers' CPU seconds (/proc, all threads): the
+   guard's prompt pass runs in a worker thread beside generation (``Guard.prefill``),
+   which hides latency when a second core is free but costs the same CPU.
+   In-process, on the same responses: seconds of the guard's whole teacher-forced pass
+   (``Guard.check``) vs its prompt part (``Guard.prefill``) and its response part
+   (``check(prefill=)``), and whether the two paths give the same score.
+
+Sizes. `--quick`: the two safety tasks, 12 items per variant file, prompts <= 400
+tokens, 40 new tokens, 6 latency requests. Full: + rule-following/single-turn,
+16 items per variant file, prompts <= 768 tokens, 128 new tokens, 8 latency requests:
+chosen so that one run fits a 25-minute slot of the shared 2-core machine at 1 torch
+thread (the earlier 60 items x 160 tokens would take hours there). `--responses-cache`
+keeps the generated responses, so a run cut by its slot can be resumed without
+regenerating.
 
     .venv/bin/python bench/guard.py --quick
 """
@@ -51,18 +65,21 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small slices (a few minutes)")
     p.add_argument("--data", default=None, help="IHEval benchmark folder (default ../shared/data/iheval/benchmark)")
-    p.add_argument("--limit", type=int, default=None, help="items per variant file (quick 10, full 60)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="quick 40, full 160")
+    p.add_argument("--limit", type=int, default=None, help="items per variant file (quick 12, full 16)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="quick 40, full 128")
     p.add_argument("--tasks", default=None, help="comma-separated IHEval tasks")
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="skip samples with longer prompts (quick 400: the long Tensor Trust attacks dominate "
-                   "CPU time; full 2048)")
+                   "CPU time; full 768)")
     p.add_argument("--components", type=int, default=16)
     p.add_argument("--target-fpr", type=float, default=0.1)
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (quick: 1, since extra threads on a shared 2-core machine "
-                   "oversubscribe and run ~20x slower; full: torch's default)")
-    p.add_argument("--latency-requests", type=int, default=None, help="quick 4, full 12")
+                   help="torch CPU threads (default 1: extra threads on the shared 2-core machine "
+                   "oversubscribe and run ~20x slower)")
+    p.add_argument("--latency-requests", type=int, default=None, help="quick 6, full 8")
+    p.add_argument("--responses-cache", default=None,
+                   help="JSON file: reuse the responses stored there for the same configuration, else "
+                   "generate and store them (resume a run cut by its time slot)")
     return p.parse_args(argv)
 
 
@@ -103,13 +120,12 @@ def main(argv=None) -> int:
     from llmkit.serving.guard import score as S
 
     torch.manual_seed(0)
-    threads = args.threads or (1 if args.quick else None)
-    if threads:
-        torch.set_num_threads(threads)
-    limit = args.limit or (12 if args.quick else 60)
-    max_new = args.max_new_tokens or (40 if args.quick else 160)
+    threads = args.threads or 1
+    torch.set_num_threads(threads)
+    limit = args.limit or (12 if args.quick else 16)
+    max_new = args.max_new_tokens or (40 if args.quick else 128)
     tasks = args.tasks.split(",") if args.tasks else (QUICK_TASKS if args.quick else FULL_TASKS)
-    n_lat = args.latency_requests or (4 if args.quick else 12)
+    n_lat = args.latency_requests or (6 if args.quick else 8)
     t_start = time.time()
 
     model, tok = load(DEFAULT_MODEL)
@@ -117,7 +133,7 @@ def main(argv=None) -> int:
     params = GenerationParams(max_new_tokens=max_new, temperature=0.0)
     samples = iheval.load(args.data, tasks=tasks, settings=["aligned", "conflict"], limit=limit)
     samples = [s for s in samples if s["id"] not in iheval.INSTRUCTION_IDS]
-    max_prompt = args.max_prompt_tokens or (400 if args.quick else 2048)
+    max_prompt = args.max_prompt_tokens or (400 if args.quick else 768)
     prompts = [iheval.render_prompt(tok, s) for s in samples]
     keep = [i for i, p in enumerate(prompts) if len(tok(p, add_special_tokens=False)["input_ids"]) <= max_prompt]
     samples, prompts = [samples[i] for i in keep], [prompts[i] for i in keep]
@@ -125,7 +141,17 @@ def main(argv=None) -> int:
     print(f"# {len(samples)} IHEval samples from {', '.join(tasks)}; greedy, {max_new} new tokens", flush=True)
 
     # 1. responses and grades
-    texts = generate_sorted(engine, prompts, params)
+    key = {"model": DEFAULT_MODEL, "max_new_tokens": max_new, "prompts": hashlib.sha256(
+        json.dumps(prompts).encode()).hexdigest()}
+    cache = Path(args.responses_cache) if args.responses_cache else None
+    if cache and cache.is_file() and json.loads(cache.read_text()).get("key") == key:
+        texts = json.loads(cache.read_text())["texts"]
+        print(f"# responses read from {cache}", flush=True)
+    else:
+        texts = generate_sorted(engine, prompts, params)
+        if cache:
+            cache.write_text(json.dumps({"key": key, "texts": texts}) + "\n")
+    print(f"# responses ready at {time.time() - t_start:.0f} s", flush=True)
     grades = [iheval.score_response(s, t) for s, t in zip(samples, texts)]
     passed = [g["strict"] >= 1.0 for g in grades]
 
@@ -200,36 +226,33 @@ def main(argv=None) -> int:
     res["iheval_guard_correct"] = with_guard["overall"]
     per_task = {k: {"no_guard": v, "guard_correct": with_guard[k]} for k, v in no_guard.items()}
 
-    # 5. overhead, one request at a time (as a server sees them), back to back on the same request:
-    #    plain generation; generation with the states recorded on the fly (Guard.generate, the hf path);
-    #    and generation followed by a teacher-forced check (Guard.check, what any engine can use)
+    print(f"# detection and correction done at {time.time() - t_start:.0f} s", flush=True)
+
+    # 5. overhead on the serving path: `llmkit serve` with and without --guard, same prompts, same load
     lat_idx = sorted(test_idx, key=lambda i: len(prompts[i]))[:: max(1, len(test_idx) // n_lat)][:n_lat]
-    engine.generate([prompts[lat_idx[0]]], params)  # warm-up
-    guard.generate(engine, [msgs[lat_idx[0]]], params)
-    t_plain = t_rec = t_chk = 0.0
-    for j, i in enumerate(lat_idx):
-        def plain(i=i):
-            t0 = time.perf_counter()
-            text = engine.generate([engine.chat_prompt(msgs[i])], params)[0][0].text
-            return time.perf_counter() - t0, text
-
-        def recorded(i=i):
-            t0 = time.perf_counter()
-            guard.generate(engine, [msgs[i]], params)
-            return time.perf_counter() - t0
-
-        if j % 2:  # alternate the order so that neither side always runs on a warmer cache
-            dr = recorded()
-            dp, text = plain()
-        else:
-            dp, text = plain()
-            dr = recorded()
+    lat = serving_overhead(guard, [msgs[i] for i in lat_idx], max_new, threads)
+    res["latency_ratio"] = lat.pop("latency_ratio")
+    res["cpu_ratio"] = lat.pop("cpu_ratio")
+    # in-process: the guard's whole pass vs its prompt / response parts, on the server's own responses
+    t_whole = t_pre = t_resp = 0.0
+    max_dev = 0.0
+    for m, text in zip([msgs[i] for i in lat_idx], lat["guard_texts"]):
         t0 = time.perf_counter()
-        guard.check(engine, msgs[i], text)
-        t_chk += time.perf_counter() - t0
-        t_plain, t_rec = t_plain + dp, t_rec + dr
-    res["latency_ratio"] = t_rec / t_plain
-    res["latency_ratio_teacher_forced"] = (t_plain + t_chk) / t_plain
+        whole = guard.check(engine, m, text)
+        t1 = time.perf_counter()
+        pre = guard.prefill(engine, m)
+        t2 = time.perf_counter()
+        fast = guard.check(engine, m, text, prefill=pre)
+        t3 = time.perf_counter()
+        t_whole, t_pre, t_resp = t_whole + t1 - t0, t_pre + t2 - t1, t_resp + t3 - t2
+        max_dev = max(max_dev, abs(whole["score"] - fast["score"]))
+    lat.update(check_whole_s=t_whole, check_prefill_part_s=t_pre, check_response_part_s=t_resp,
+               max_score_diff_prefill_vs_whole=max_dev)
+    served_scores_equal = all(abs(a - b) <= 1e-3 for a, b in zip(
+        lat["guard_scores"], [guard.check(engine, m, t)["score"] for m, t in zip([msgs[i] for i in lat_idx],
+                                                                               lat["guard_texts"])]))
+    lat["served_scores_equal_whole_pass"] = served_scores_equal
+    del lat["guard_texts"], lat["guard_scores"]
 
     counts = {
         "samples": len(samples), "fit_half": len(fit_idx), "test_half": len(test_idx),
@@ -237,6 +260,7 @@ def main(argv=None) -> int:
         "test_violations": sum(y), "test_compliant": len(y) - sum(y),
         "aligned_failures_excluded": sum(1 for l in labels if l is None),
         "test_flagged": len(flagged_test), "latency_requests": len(lat_idx),
+        "latency_tokens_plain": lat["tokens_plain"], "latency_tokens_guard": lat["tokens_guard"],
     }
     per_setting_pass = {}
     for task in tasks:
@@ -252,14 +276,19 @@ def main(argv=None) -> int:
     print(f"AEO at threshold      : TPR {res['aeo_tpr_at_threshold']:.3f}  FPR {res['aeo_fpr_at_threshold']:.3f}")
     for k, v in per_task.items():
         print(f"IHEval {k:45s}: no guard {v['no_guard']:.3f}  guard+correct {v['guard_correct']:.3f}")
-    print(f"latency ratio (guard recording during generation / no guard, hf, batch 1): {res['latency_ratio']:.3f}")
-    print(f"latency ratio (generate + teacher-forced check / no guard, hf, batch 1): "
-          f"{res['latency_ratio_teacher_forced']:.3f}")
+    print(f"serving latency, llmkit serve --guard (annotate) / no guard, hf, 1 request at a time: "
+          f"{res['latency_ratio']:.3f}  ({lat['guard_s']:.1f} s vs {lat['plain_s']:.1f} s over {len(lat_idx)} requests)")
+    print(f"serving CPU seconds, guard / no guard: {res['cpu_ratio']:.3f}  ({lat['cpu_guard_s']:.1f} s vs "
+          f"{lat['cpu_plain_s']:.1f} s)")
+    print(f"guard pass in-process over the same {len(lat_idx)} answers: whole {lat['check_whole_s']:.2f} s, "
+          f"prompt part {lat['check_prefill_part_s']:.2f} s + response part {lat['check_response_part_s']:.2f} s; "
+          f"max |score diff| {lat['max_score_diff_prefill_vs_whole']:.2e}; served scores equal whole pass: "
+          f"{lat['served_scores_equal_whole_pass']}")
     print(f"counts: {json.dumps(counts)}")
 
     RESULTS.mkdir(exist_ok=True)
     out_path = RESULTS / ("guard_quick.json" if args.quick else "guard.json")
-    full = {"figures": res, "iheval_per_task": per_task, "pass_rate_by_setting": per_setting_pass,
+    full = {"figures": res, "iheval_per_task": per_task, "latency": lat, "pass_rate_by_setting": per_setting_pass,
             "counts": counts, "threshold": guard.threshold, "layers": layers,
             "config": {"model": DEFAULT_MODEL, "tasks": tasks, "limit": limit, "max_new_tokens": max_new,
                        "max_prompt_tokens": max_prompt,
@@ -270,6 +299,108 @@ def main(argv=None) -> int:
     print(f"results written to {out_path}")
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()}))
     return 0
+
+
+class _Server:
+    """`llmkit serve` as a subprocess on loopback (log in a temp file, named if it fails)."""
+
+    def __init__(self, extra: list[str], threads: int):
+        import socket
+        import subprocess
+        import tempfile
+
+        import httpx
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open as the server's log
+            "w+", prefix="llmkit-guard-serve-", suffix=".log", delete=False)
+        cmd = [sys.executable, "-m", "llmkit.cli", "serve", "--port", str(port), "--threads", str(threads),
+               "--log-level", "warning", *extra]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     cwd=Path(__file__).resolve().parents[1])
+        deadline = time.time() + 600
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited ({self.proc.returncode}); log: {self.log.name}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                self.stop()
+                raise RuntimeError(f"server did not start; log: {self.log.name}")
+            time.sleep(1)
+
+    def cpu_s(self) -> float:
+        import os
+
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime, all threads
+
+    def ask(self, messages, max_tokens: int) -> tuple[float, float, dict]:
+        import httpx
+
+        c0, t0 = self.cpu_s(), time.perf_counter()
+        r = httpx.post(self.url + "/v1/chat/completions", timeout=None,
+                       json={"messages": messages, "max_tokens": max_tokens, "temperature": 0})
+        r.raise_for_status()
+        return time.perf_counter() - t0, self.cpu_s() - c0, r.json()
+
+    def stop(self):
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def serving_overhead(guard, messages_list, max_tokens: int, threads: int) -> dict:
+    """Client latency and server CPU of `llmkit serve` with and without the guard, same prompts, alternating."""
+    import tempfile
+
+    from llmkit.models import DEFAULT_MODEL
+
+    with tempfile.TemporaryDirectory() as d:
+        guard.save(d)
+        plain = guarded = None
+        try:
+            plain = _Server(["--model", DEFAULT_MODEL], threads)
+            guarded = _Server(["--model", DEFAULT_MODEL, "--guard", d, "--guard-action", "annotate"], threads)
+            for srv in (plain, guarded):  # warm-up: lazy initialisation is not overhead
+                srv.ask(messages_list[0], 8)
+            out = {"plain_s": 0.0, "guard_s": 0.0, "cpu_plain_s": 0.0, "cpu_guard_s": 0.0, "tokens_plain": 0,
+                   "tokens_guard": 0, "per_request": [], "guard_texts": [], "guard_scores": []}
+            for j, m in enumerate(messages_list):
+                order = [("plain", plain), ("guard", guarded)]
+                if j % 2:  # alternate so that neither side always runs second
+                    order.reverse()
+                row = {}
+                for name, srv in order:
+                    dt, cpu, body = srv.ask(m, max_tokens)
+                    out[f"{name}_s"] += dt
+                    out[f"cpu_{name}_s"] += cpu
+                    out[f"tokens_{name}"] += body["usage"]["completion_tokens"]
+                    row[name] = round(dt, 3)
+                    if name == "guard":
+                        out["guard_texts"].append(body["choices"][0]["message"]["content"])
+                        out["guard_scores"].append(body["choices"][0]["guard"]["score"])
+                out["per_request"].append(row)
+        finally:
+            for srv in (plain, guarded):
+                if srv is not None:
+                    srv.stop()
+    out["latency_ratio"] = out["guard_s"] / out["plain_s"]
+    out["cpu_ratio"] = out["cpu_guard_s"] / max(out["cpu_plain_s"], 1e-9)
+    return out
 
 
 def _plot(path, scores: dict, y):

@@ -177,7 +177,7 @@ class _Server:
         if prefill is not None:
             try:
                 pre = await prefill
-            except Exception:  # the check then runs its whole pass
+            except Exception:  # noqa: BLE001 - any failure: the check then runs its whole pass
                 pre = None
         if pre is not None:
             res = await asyncio.to_thread(guard.check, view, messages, text, prefill=pre)
