@@ -10,9 +10,14 @@ a lightweight post-hoc correction, with no finetuning.
 
 Algorithm here
 --------------
-1. Capture (:mod:`capture`): a teacher-forced forward pass over prompt + response
-   with ``output_hidden_states``; keep the states of the response tokens at a few
-   layers (default: 4 evenly spaced blocks over the second half, the last included).
+1. Capture (:mod:`capture`): a teacher-forced forward pass of the backbone over
+   prompt + response (forward hooks at the guard layers; the pass stops after the
+   highest guard block, and the LM head never runs); keep the states of the response
+   tokens at a few layers (default: 4 evenly spaced blocks over the second half, the
+   last included, so the default guard runs every block). The server splits the pass:
+   ``Guard.prefill`` runs the prompt when the request arrives, beside generation, and
+   ``check(..., prefill=)`` runs only the response tokens on that KV cache (same
+   states up to float rounding).
 2. Fit (:mod:`manifold`, :meth:`Guard.fit`): per layer, a probabilistic-PCA Gaussian
    over the token states of compliant responses (mean, top-k principal directions
    and their variances, one isotropic variance off the subspace). A held-out part
@@ -50,7 +55,9 @@ Contract with the server (``llmkit serve --guard DIR --guard-action annotate|blo
 - ``Guard.load(DIR, model_name=...)`` -> Guard. Raises ``ValueError`` naming both models
   when the guard was fitted on other weights (an alias and its cached folder count as
   the same); ``FileNotFoundError`` when DIR is not a guard folder.
-- ``guard.check(engine, messages, response_text) -> dict`` with ``score`` (float),
+- ``guard.prefill(engine, messages) -> Prefill | None``: the prompt's part of the pass, to
+  start while the engine generates (``None`` when the prompt is too long to keep whole).
+- ``guard.check(engine, messages, response_text, prefill=None) -> dict`` with ``score`` (float),
   ``flagged`` (bool), ``threshold`` (float), ``layer_scores`` ({layer: z}),
   ``n_tokens`` (int). ``messages`` is the prompt (OpenAI chat format, without the
   response). ``check_batch(engine, list_of_messages, responses)`` does many at once.
