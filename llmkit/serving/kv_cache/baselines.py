@@ -27,7 +27,7 @@ def quantize_axis(x: torch.Tensor, axis: int, mask: torch.Tensor | None = None):
     Returns packed ``[..., T, D/2]`` uint8 and bf16 scale/zero with ``axis`` kept as size 1."""
     x = x.float()
     if mask is None:
-        mn, mx = torch.aminmax(x, dim=axis, keepdim=True)
+        mn, mx = x.amin(axis, keepdim=True), x.amax(axis, keepdim=True)
     else:
         mn = torch.where(mask, math.inf, x).amin(axis, keepdim=True)
         mx = torch.where(mask, -math.inf, x).amax(axis, keepdim=True)
