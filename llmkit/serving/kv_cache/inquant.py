@@ -136,7 +136,13 @@ def worthwhile_pairs(saliency: torch.Tensor, outliers: torch.Tensor, donors: tor
 def estimate_descriptor(x: torch.Tensor, n_outliers: int = 4, max_stride: int = 8,
                         n_samples: int = 64, seed: int = 0, min_ratio: float = 15.0) -> Descriptor:
     """Steps 1-5 on ``x [B, H, T, D]`` (``min_ratio=0`` keeps all ``n_outliers`` pairs)."""
-    sal = sample_saliency(x, n_samples=n_samples, seed=seed)
+    return descriptor_from_saliency(sample_saliency(x, n_samples=n_samples, seed=seed), n_outliers,
+                                    max_stride, min_ratio)
+
+
+def descriptor_from_saliency(sal: torch.Tensor, n_outliers: int = 4, max_stride: int = 8,
+                             min_ratio: float = 15.0) -> Descriptor:
+    """Steps 2-5 from a saliency ``[H, D]`` (see :func:`estimate_descriptor`)."""
     H, D = sal.shape
     if 2 * n_outliers > D:
         raise ValueError(f"{n_outliers} outliers per head need as many donor channels; head_dim is {D}")

@@ -18,7 +18,7 @@ from transformers.cache_utils import DynamicLayer
 
 from llmkit.kernels.kv_quant import dequant_unpack, quantize_pack, role_maps
 from llmkit.serving.kv_cache import baselines as bl
-from llmkit.serving.kv_cache.inquant import Descriptor, estimate_descriptor
+from llmkit.serving.kv_cache.inquant import Descriptor, descriptor_from_saliency, sample_saliency
 
 
 def _nbytes(t: torch.Tensor | None) -> int:
@@ -153,38 +153,62 @@ class InQuantLayer(_WindowedQuantLayer):
     def _clear(self):
         super()._clear()
         self.descriptors: dict[str, Descriptor] = {}
-        self._maps: dict[str, dict] = {}
+        self._maps: dict = {}
+        self._ids: dict = {}
 
-    def _slot_maps(self, which: str, device, m: int, D: int) -> dict:
-        """Markers recovered from the descriptor once per layer (and per chunk count ``m``):
-        role/partner repeated ``m`` times along the head axis (so ``m`` chunks of one row are
-        quantized as ``m`` extra heads, without transposing), and the outlier/donor ids."""
-        maps = self._maps.setdefault(which, {})
-        if m not in maps:
-            d = self.descriptors[which]
-            o, dn = d.outlier_ids.to(device), d.donor_ids.to(device)
-            role, partner = role_maps(o, dn, D)
-            maps[m] = (role.repeat_interleave(m, 0), partner.repeat_interleave(m, 0))
-            maps["ids"] = (o, dn)
-        return maps
+    def _slot_maps(self, sides: str, device, m: int, D: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Markers recovered from the descriptors once per layer (and per chunk count ``m``): the
+        role/partner of ``sides`` ("k", "v" or "kv": keys then values, ``[2H, D]``) repeated ``m``
+        times along the head axis (the ``m`` chunks of a row are quantized as extra heads, without
+        transposing). The outlier/donor ids per side are kept under ``self._ids``."""
+        key = (sides, m)
+        if key not in self._maps:
+            roles, partners = [], []
+            for which in sides:
+                d = self.descriptors[which]
+                o, dn = d.outlier_ids.to(device), d.donor_ids.to(device)
+                role, partner = role_maps(o, dn, D)
+                roles.append(role)
+                partners.append(partner)
+                self._ids[which] = (o, dn)
+            self._maps[key] = (torch.cat(roles).repeat_interleave(m, 0), torch.cat(partners).repeat_interleave(m, 0))
+        return self._maps[key]
 
-    def _quantize(self, x, which, G):
-        B, H, n, D = x.shape
-        if which not in self.descriptors:
-            d = estimate_descriptor(x, self.n_outliers, self.max_stride, self.n_samples, self.seed,
-                                    self.min_ratio)
-            self.descriptors[which] = d
+    def _append(self, k, v, G):
+        B, H, n, D = k.shape
         m = n // G
-        role, partner = self._slot_maps(which, x.device, m, D)[m]
-        # [B, H, m*G, D] viewed as B rows of H*m groups of G tokens: no copy, and the outputs are
-        # already in the store's layout (packed [B, H, n, D/2], scale/zero [B, H, m, D])
-        packed, scale, zero = quantize_pack(x.reshape(B, H * m, G, D), role, partner, backend=self.backend)
-        return {"packed": packed.view(B, H, n, D // 2), "scale": scale.view(B, H, m, D),
-                "zero": zero.view(B, H, m, D)}
+        if not self.descriptors:
+            # one saliency pass over keys and values together ([2H, D]), one descriptor per side
+            sal = sample_saliency(torch.cat([k, v], dim=1), n_samples=self.n_samples, seed=self.seed)
+            for i, which in enumerate(("k", "v")):
+                self.descriptors[which] = descriptor_from_saliency(sal[i * H:(i + 1) * H], self.n_outliers,
+                                                                   self.max_stride, self.min_ratio)
+        if self.descriptors["k"].outliers.shape[1] == self.descriptors["v"].outliers.shape[1]:
+            # keys and values are both grouped per channel and keep as many pairs per head, so one
+            # kernel call quantizes both: [B, 2H, m*G, D] viewed as B rows of 2H*m groups of G
+            # tokens (outputs come out in the store's layout, keys first)
+            batches = [("kv", torch.cat([k, v], dim=1))]
+        else:
+            batches = [("k", k), ("v", v)]
+        for sides, x in batches:
+            role, partner = self._slot_maps(sides, x.device, m, D)
+            Hx = x.shape[1]
+            packed, scale, zero = quantize_pack(x.reshape(B, Hx * m, G, D), role, partner, backend=self.backend)
+            packed, scale, zero = packed.view(B, Hx, n, D // 2), scale.view(B, Hx, m, D), zero.view(B, Hx, m, D)
+            for i, which in enumerate(sides):
+                heads = slice(i * H, (i + 1) * H)
+                new = {"packed": packed[:, heads], "scale": scale[:, heads], "zero": zero[:, heads]}
+                old = self.store[which]
+                self.store[which] = {name: torch.cat([old[name], t], dim=2) if name in old else t
+                                     for name, t in new.items()}
+        self.group_lens += [G] * m
+        self.n_packed += n
 
     def _dequantize(self, which):
         s = self.store[which]
-        o, dn = self._slot_maps(which, s["packed"].device, 1, 2 * s["packed"].shape[-1])["ids"]
+        if which not in self._ids:
+            self._slot_maps(which, s["packed"].device, 1, 2 * s["packed"].shape[-1])
+        o, dn = self._ids[which]
         return dequant_unpack(s["packed"], s["scale"], s["zero"], self.group_lens, o, dn,
                               backend=self.backend)
 
