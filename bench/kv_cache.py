@@ -1,6 +1,10 @@
 """KV-cache quantization benchmark: InQuant vs the unquantized cache, KIVI-4bit and an outlier buffer.
 
-Run: ``.venv/bin/python bench/kv_cache.py [--quick]`` (bundled SmolLM2-135M, CPU).
+Run: ``.venv/bin/python bench/kv_cache.py [--quick]`` (bundled SmolLM2-135M, CPU). The full run
+can be split into pieces that each fit a time slot: ``--part core`` (compression, perplexity,
+quant speed, decode), then ``--part acc --acc-start S [--budget-min M]`` as often as needed (each
+stops before a batch that would overrun ``M`` minutes and records how many problems it did; the
+next starts where it stopped), then ``--merge`` prints every figure and writes kv_cache.json.
 
 Figures (each measured against its anchor in the same run):
 
@@ -11,12 +15,15 @@ Figures (each measured against its anchor in the same run):
   exemplars + the test question) is prefilled into the cache and ``flush()``-ed, so all of it is
   read back from the quantized store; then the reference solution is scored in one forward pass
   reading that quantized past (the solution's own tokens attend to each other unquantized, as in
-  any forward pass). ppl = exp(mean NLL over all solution tokens); ratios vs the unquantized
+  any forward pass). The context's keys/values are computed once (unquantized cache) and
+  written into each cache with ``cache.update``, which is what the model's prefill does (identical
+  NLL, checked). ppl = exp(mean NLL over all solution tokens); ratios vs the unquantized
   ``DynamicCache`` ("bf16" in the names; on CPU the model and that cache run in float32).
   ``hf-quanto`` is transformers' ``QuantizedCache("quanto", nbits=4)`` when optimum-quanto is
   installed (its first update quantizes the whole prefill, so it reads the context quantized too).
 - GSM8K greedy accuracy (zero-shot chat prompt, last number in the completion vs the gold answer)
-  with each cache in ``model.generate``.
+  with each cache in ``model.generate`` (batched, 16 prompts per call; each batch runs every cache
+  before the next batch starts, so a part stopped by its budget compares caches on the same problems).
 - quantize+dequantize time per token: the keys/values of every layer after a prefill, quantized
   into a fresh layer (InQuant includes its saliency sampling and descriptor build) and
   dequantized once; PyTorch CPU path; ratio outlier-buffer time / InQuant time.
