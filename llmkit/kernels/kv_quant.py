@@ -25,6 +25,12 @@ between Triton's interpreter and GPUs). Rounding of codes is ``floor(v + 0.5)`` 
 kernels and the references agree bit for bit under ``TRITON_INTERPRET=1``.
 
 The CPU path uses the references; ``backend="triton"`` (default on CUDA tensors) uses the kernels.
+The references are written for the CPU path's speed as well: whole-tensor ops only (no loop over
+heads or groups), ``amin``/``amax`` rather than ``aminmax`` (much slower over a non-last dim on
+CPU), codes computed in place and packed with one fused ``even + 16 * odd``, nibbles split as
+uint8 and dequantized by one ``addcmul``; the outlier/donor gathers run only when the descriptor
+keeps a pair (``k > 0``). Callers batch work: the InQuant layer quantizes keys and values of all
+heads and chunks in one call.
 Triton is imported lazily inside the functions that launch kernels.
 """
 

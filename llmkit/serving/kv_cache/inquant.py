@@ -26,6 +26,10 @@ Algorithm (per layer, separately for keys and values, once, on the first chunk t
    At dequantization the per-slot markers (role of each slot, partner of each marked slot) are
    recovered from it (``llmkit.kernels.kv_quant.role_maps``).
 
+Cost: the saliency pass and descriptor run once per cache layer (keys and values sampled in one
+pass); when the gate can keep no pair (some head's channel ranges are all within ``min_ratio``)
+the donor search is skipped, which gives exactly the descriptor the full search would.
+
 Deviations from the paper (we only have its abstract): the saliency statistic (sampled range), the
 donor approximation (group mean), the donor search rule and the descriptor encoding are our
 choices; saliency is estimated once per cache from the first quantized chunk rather than from an
