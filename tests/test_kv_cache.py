@@ -227,6 +227,44 @@ def test_new_tokens_are_appended_without_requantizing_old_groups():
     assert (deq[:, :, :8] - k[:, :, :8]).abs().mean() < 0.3  # donors (group mean) err more
 
 
+@pytest.mark.parametrize("planted", ["keys", "both", "none"])
+def test_keys_and_values_quantized_together_equal_each_side_alone(planted):
+    # the layer quantizes keys and values (all heads, all chunks) in one call when both sides keep
+    # as many pairs, else side by side; either way the store must be what quantizing each
+    # (row, head, chunk) group alone with that side's descriptor gives
+    layer = InQuantLayer(group_size=8, n_outliers=2)
+    k, v = _kv(24, B=2, H=3, seed=5)
+    if planted in ("keys", "both"):
+        k[..., 5] *= 200.0
+    if planted == "both":
+        v[..., 9] *= 200.0
+    layer.update(k, v)
+    kept = {w: d.outliers.shape[1] for w, d in layer.descriptors.items()}
+    assert kept == {"keys": {"k": 1, "v": 0}, "both": {"k": 1, "v": 1}, "none": {"k": 0, "v": 0}}[planted]
+    for which, x in (("k", k), ("v", v)):
+        d = layer.descriptors[which]
+        role, partner = kq.role_maps(d.outlier_ids, d.donor_ids, 16)
+        for c in range(3):
+            p, sc, z = kq.quantize_pack_ref(x[:, :, 8 * c:8 * c + 8], role, partner)
+            st = layer.store[which]
+            assert torch.equal(st["packed"][:, :, 8 * c:8 * c + 8], p)
+            assert torch.equal(st["scale"][:, :, c], sc) and torch.equal(st["zero"][:, :, c], z)
+
+
+def test_no_pair_shortcut_gives_the_full_search_result():
+    from llmkit.serving.kv_cache.inquant import descriptor_from_saliency, worthwhile_pairs
+
+    g = torch.Generator().manual_seed(3)
+    for trial in range(200):
+        sal = torch.rand(3, 16, generator=g) * 10 ** (3 * torch.rand(3, 1, generator=g))
+        ratio = [0.0, 2.0, 15.0][trial % 3]
+        out = select_outliers(sal, 3)
+        don = assign_donors(sal, out, max_stride=4)
+        keep = worthwhile_pairs(sal, out, don, ratio)
+        d = descriptor_from_saliency(sal, 3, max_stride=4, min_ratio=ratio)
+        assert torch.equal(d.outlier_ids, out.gather(1, keep)) and torch.equal(d.donor_ids, don.gather(1, keep))
+
+
 def test_flush_quantizes_the_window_as_a_short_group():
     layer = InQuantLayer(group_size=8, n_outliers=2, min_ratio=0.0)
     k, v = _kv(11)
