@@ -315,7 +315,7 @@ def run_cache(
     cache = LDPCache(
         upstream,
         PrivacyLedger(":memory:", 1e18),
-        CacheStore(capacity=capacity, policy=make_policy(policy)),
+        CacheStore(capacity=capacity, policy=make_policy(policy) if isinstance(policy, str) else policy()),
         mechanism,
         embedder,
         scheduler,
@@ -394,6 +394,98 @@ def sweep(kind, problems, visits, mechanism, embedder, sched, *, workload_seeds,
             "share_equal": sum(x == 0 for x in diff) / len(diff),
         }
     return out
+
+
+ABLATION = {  # eviction policies compared in --eviction-ablation (weights: diversity, accuracy, recency)
+    "lru": "lru",
+    "multifactor (1,1,1)": "multifactor",
+    "no diversity (0,1,1)": {"w_diversity": 0.0},
+    "no accuracy (1,0,1)": {"w_accuracy": 0.0},
+    "recency only (0,0,1)": {"w_diversity": 0.0, "w_accuracy": 0.0},
+}
+
+
+def eviction_ablation(
+    kind, problems, visits, mechanism, embedder, sched, *, workload_seeds, capacities, repeats, seed
+):
+    """Hit ratio of each policy in ABLATION, paired with LRU on the same streams (stand-in upstream)."""
+    from llmkit.serving.ldp_cache import MultiFactorPolicy
+
+    out = {}
+    for cap in capacities:
+        hits: dict[str, list[float]] = {name: [] for name in ABLATION}
+        for ws in workload_seeds:
+            queries = build(kind, problems, visits, ws)
+            for r in range(repeats):
+                for name, pol in ABLATION.items():
+                    policy = pol if isinstance(pol, str) else (lambda kw=pol: MultiFactorPolicy(**kw))
+                    hits[name].append(
+                        run_cache(
+                            queries,
+                            mechanism,
+                            embedder,
+                            stub_upstream,
+                            capacity=cap,
+                            policy=policy,
+                            scheduler=sched(),
+                            seed=[seed, 1000 + ws],
+                            bit_seed=1000 + r,
+                            max_tokens=0,
+                            score=False,
+                        )["hit_ratio"]
+                    )
+        cell = {}
+        for name, xs in hits.items():
+            d = _stats([a - b for a, b in zip(xs, hits["lru"])])
+            cell[name] = {**_stats(xs), "diff_vs_lru": d["mean"], "diff_se": d["std"] / math.sqrt(d["n"])}
+        out[str(cap)] = cell
+    return out
+
+
+def run_ablation(
+    args, kinds, problem_sets, visits, caps, sweep_seeds, sweep_repeats, mechanism, embedder, sched
+) -> int:
+    t0 = time.time()
+    res = {}
+    for k in kinds:
+        res[k] = eviction_ablation(
+            k,
+            problem_sets[k],
+            visits,
+            mechanism,
+            embedder,
+            sched,
+            workload_seeds=range(args.seed, args.seed + sweep_seeds),
+            capacities=caps,
+            repeats=sweep_repeats,
+            seed=args.seed,
+        )
+        for cap, cell in res[k].items():
+            print(
+                f"[{k}] ablation capacity {cap} ({sweep_seeds} workload x {sweep_repeats} scheduler seeds): "
+                + "; ".join(
+                    f"{name} {c['mean']:.3f} ({c['diff_vs_lru']:+.3f} +- {c['diff_se']:.3f} vs LRU)"
+                    for name, c in cell.items()
+                ),
+                flush=True,
+            )
+    out = REPO / "bench" / "results" / "ldp_cache_eviction_ablation.json"
+    out.write_text(
+        json.dumps(
+            {
+                "ablation": res,
+                "policies": {k: str(v) for k, v in ABLATION.items()},
+                "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                "visits": visits,
+                "capacities": caps,
+                "workload_seeds": sweep_seeds,
+                "scheduler_seeds": sweep_repeats,
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {out} ({time.time() - t0:.0f} s; no LLM calls)")
+    return 0
 
 
 def plot(result: dict, path: Path) -> None:
@@ -482,6 +574,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--sweep-capacities", default=None, help="comma list (quick 2,3,4,6; full 2,3,4,6,8,12)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--eviction-ablation",
+        action="store_true",
+        help="only the no-LLM eviction ablation "
+        "(multi-factor with factors removed vs LRU); writes ldp_cache_eviction_ablation.json",
+    )
     ap.add_argument("--max-steps", type=int, default=2, help="calculator steps per GSM8K problem, at most")
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument(
@@ -548,6 +646,11 @@ def main(argv=None) -> int:
 
     def sched():
         return LDPScheduler(args.rr_epsilon, args.sim_threshold, args.gain_threshold)
+
+    if args.eviction_ablation:
+        return run_ablation(
+            args, kinds, problem_sets, visits, caps, sweep_seeds, sweep_repeats, mechanism, embedder, sched
+        )
 
     proc = None
     results: dict[str, dict] = {}
