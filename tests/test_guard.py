@@ -436,12 +436,15 @@ def test_server_guard_uses_prefill_and_scores_like_the_whole_pass(fitted, tiny_m
 
     Spy.check = check
     engine = HFEngine(tiny_model, tiny_tokenizer)
-    app = build_app(engine, ServerConfig(model_name="tiny", max_model_len=256, guard=spy, guard_action="annotate"))
     msgs = conv("bonjour", "")[:-1]
-    with BackgroundServer(app) as server:
-        r = httpx.post(server.url + "/v1/chat/completions", timeout=120,
-                       json={"messages": msgs, "max_tokens": 6, "temperature": 0}).json()
-    text, verdict = r["choices"][0]["message"]["content"], r["choices"][0]["guard"]
-    assert seen == [True]
-    whole = fitted.check(StubEngine(tiny_model, tiny_tokenizer), msgs, text)
-    assert verdict["score"] == pytest.approx(whole["score"], rel=1e-4, abs=1e-4)
+    for use_prefill in (True, False):
+        seen.clear()
+        app = build_app(engine, ServerConfig(model_name="tiny", max_model_len=256, guard=spy,
+                                             guard_action="annotate", guard_prefill=use_prefill))
+        with BackgroundServer(app) as server:
+            r = httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                           json={"messages": msgs, "max_tokens": 6, "temperature": 0}).json()
+        text, verdict = r["choices"][0]["message"]["content"], r["choices"][0]["guard"]
+        assert seen == [use_prefill]
+        whole = fitted.check(StubEngine(tiny_model, tiny_tokenizer), msgs, text)
+        assert verdict["score"] == pytest.approx(whole["score"], rel=1e-4, abs=1e-4)

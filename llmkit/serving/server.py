@@ -14,11 +14,11 @@ sequence; their events arrive on the engine thread and are handed to the
 event loop. A client that leaves (mid-stream or while waiting) has its
 sequences cancelled and its slot freed.
 
-Guard hook (``ServerConfig.guard``): when a request arrives,
-``guard.prefill(engine, messages)`` (if the guard has it) runs the prompt's
-share of the guard's pass in a worker thread while the engine generates;
-after each choice is complete, ``guard.check(engine, messages, text,
-prefill=...)`` scores it (only the response tokens left to run); ``annotate`` adds the
+Guard hook (``ServerConfig.guard``): after each choice is complete,
+``guard.check(engine, messages, text)`` scores it. With
+``ServerConfig.guard_prefill`` the prompt's share of the guard's pass starts
+in a worker thread when the request arrives (``guard.prefill``) and the check
+runs only the response tokens; ``annotate`` adds the
 verdict to the choice, ``block`` replaces a flagged answer with a refusal
 (finish_reason ``content_filter``), ``correct`` replaces it with
 ``guard.correct(engine, messages, params)``. With block/correct a streamed
@@ -59,6 +59,9 @@ class ServerConfig:
     max_body_bytes: int = 4 << 20
     guard: object | None = None
     guard_action: str = "annotate"
+    # run the guard's prompt pass beside generation (Guard.prefill): hides it only when a core is free;
+    # on a busy CPU it competes with generation and costs one more pass (bench/guard.py measured worse)
+    guard_prefill: bool = False
 
 
 class _ClientGone(Exception):
@@ -164,7 +167,7 @@ class _Server:
 
     def guard_prefill(self, messages_list):
         """Start the guard's prompt pass beside generation (one task per prompt), if the guard has one."""
-        if self.cfg.guard is None or not hasattr(self.cfg.guard, "prefill"):
+        if self.cfg.guard is None or not self.cfg.guard_prefill or not hasattr(self.cfg.guard, "prefill"):
             return [None] * len(messages_list)
         view = _EngineView(self.engine, self.streamer)
         return [asyncio.ensure_future(asyncio.to_thread(self.cfg.guard.prefill, view, m)) for m in messages_list]
