@@ -178,6 +178,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--sequential", type=int, default=None, help="prompts for the batch-1 anchor")
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--out", default=None, help="results file (default bench/results/serving[_quick].json)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads for the hf server and its anchor alike (default 1: on a shared, "
                     "oversubscribed CPU two intra-op threads stall on each other; vLLM uses 1 on CPU too)")
@@ -234,7 +235,8 @@ def main(argv=None) -> int:
         res["vllm_vs_raw_ratio"] = None
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / ("serving_quick.json" if args.quick else "serving.json")
+    out = Path(args.out) if args.out else RESULTS / ("serving_quick.json" if args.quick else "serving.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     print(f"results: {out}")
     summary = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items() if not isinstance(v, dict)}
