@@ -30,8 +30,8 @@ What it measures, all in one run on the same responses:
    `cpu_ratio` is the same for the servers' CPU seconds (/proc, all threads). The
    served guard runs its whole teacher-forced pass after generation (the server's
    default; ``ServerConfig.guard_prefill`` would start the prompt part beside
-   generation, which a --quick run on the busy 2-core machine measured as slower:
-   1.361 vs 1.264). In-process, on the same responses: seconds of the guard's whole
+   generation: on the busy 2-core machine --quick measured 1.361 with it and 1.332
+   without, runs minutes apart, i.e. no gain for one more weight pass). In-process, on the same responses: seconds of the guard's whole
    pass (``Guard.check``) vs its prompt part (``Guard.prefill``) and its response part
    (``check(prefill=)``), whether the two paths give the same score, and the ratio the
    server would reach if the prompt part were hidden behind generation (a free core).

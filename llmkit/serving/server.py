@@ -60,7 +60,7 @@ class ServerConfig:
     guard: object | None = None
     guard_action: str = "annotate"
     # run the guard's prompt pass beside generation (Guard.prefill): hides it only when a core is free;
-    # on a busy CPU it competes with generation and costs one more pass (bench/guard.py measured worse)
+    # on a busy CPU it competes with generation and costs one more pass (bench/guard.py --quick: no gain)
     guard_prefill: bool = False
 
 
