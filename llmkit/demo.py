@@ -1,7 +1,16 @@
 """``make demo``: the main job on the bundled default model, step by step.
 
-Each step prints what it does and what it got; results are written under
-``runs/demo/``. Run with ``python -m llmkit.demo [--quick]``.
+1. chat: one answer from the bundled model;
+2. GSM8K: a 20-problem check with lm-eval's strict/flexible filters and math-verify;
+3. KV quantization: one 3-shot GSM8K prompt generated with the InQuant 4-bit KV cache
+   next to the default cache (bytes held, same answer or not);
+4. guarded serving: an AEO guard fitted on the model's own answers to IHEval prompts,
+   then the OpenAI-compatible server (InQuant KV cache + guard) answering two chat
+   requests over HTTP, each annotated with the guard's verdict;
+5. a short recipe run: 4 HALO SFT steps on GSM8K (the ``llmkit train halo`` CLI).
+
+Each step prints what it does and what it got; results go to ``runs/demo/``
+(``demo.json`` and each step's own files). Run with ``python -m llmkit.demo``.
 """
 
 from __future__ import annotations
@@ -9,50 +18,155 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 GSM8K_LOCAL = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+HALO_CONFIG = REPO / "recipes" / "configs" / "halo" / "smollm2_gsm8k_sft.yaml"
+GUARD_TASK = "safety/user-prompt-hijack"
 
 
 def say(msg: str) -> None:
     print(f"\n=== {msg}", flush=True)
 
 
-def step_chat(model_name: str) -> None:
-    from llmkit.generation import GenerationParams, chat_prompt, generate
-    from llmkit.models import load
+def step_chat(engine) -> dict:
+    from llmkit.generation import GenerationParams
 
-    say(f"1. chat: loading {model_name} (converted once from the bundled GGUF)")
-    t0 = time.time()
-    model, tok = load(model_name)
-    print(f"loaded in {time.time() - t0:.1f} s: {model.num_parameters() / 1e6:.0f}M parameters")
+    say("1. chat: one greedy answer")
     q = "Explain in one sentence why the sky is blue."
-    out = generate(model, tok, [chat_prompt(tok, [{"role": "user", "content": q}])],
-                   GenerationParams(max_new_tokens=64))[0]
+    out = engine.generate([engine.chat_prompt([{"role": "user", "content": q}])],
+                          GenerationParams(max_new_tokens=64))[0][0]
     print(f"Q: {q}\nA: {out.text.strip()}")
+    return {"question": q, "answer": out.text}
 
 
-def step_gsm8k(model_name: str, out_dir: Path, limit: int) -> dict:
+def step_gsm8k(engine, out_dir: Path, limit: int) -> dict:
     from llmkit.evals import run_eval
 
-    say(f"2. GSM8K check: {limit} test problems, greedy, transformers engine")
+    say(f"2. GSM8K check: {limit} test problems, zero-shot, greedy, transformers engine")
     data = str(GSM8K_LOCAL) if GSM8K_LOCAL.is_file() else None
-    summary = run_eval("gsm8k", model=model_name, engine="hf", data=data, limit=limit,
-                       output=out_dir / "gsm8k")
+    summary = run_eval("gsm8k", engine, data=data, limit=limit, max_new_tokens=256, output_dir=out_dir)
+    metrics = summary.get("metrics", {})
+    print("GSM8K accuracy: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+          + f" (n={summary.get('n', limit)}); per-problem rows in {out_dir / 'gsm8k.jsonl'}")
     return summary
 
 
+def step_kv(model, tok) -> dict:
+    import torch
+
+    from llmkit.evals.tasks import get_task
+    from llmkit.serving.kv_cache import InQuantCache
+
+    say("3. KV quantization: a 3-shot GSM8K prompt with the InQuant 4-bit KV cache vs the default cache")
+    task = get_task("gsm8k")
+    data = str(GSM8K_LOCAL) if GSM8K_LOCAL.is_file() else None
+    sample = task.load(data, 1)[0]
+    prompt = tok.apply_chat_template(task.build_prompt(sample, num_fewshot=3), tokenize=False,
+                                     add_generation_prompt=True)
+    enc = tok(prompt, return_tensors="pt", add_special_tokens=False)
+    n_prompt = enc.input_ids.shape[1]
+    with torch.inference_mode():
+        plain = model.generate(**enc, max_new_tokens=48, do_sample=False)
+        cache = InQuantCache(model.config)
+        quant = model.generate(**enc, max_new_tokens=48, do_sample=False, past_key_values=cache)
+    held, bf16 = cache.nbytes(), cache.bf16_nbytes()
+    same = torch.equal(plain, quant)
+    n = min(plain.shape[1], quant.shape[1])
+    diverge = next((i - n_prompt for i in range(n_prompt, n) if plain[0, i] != quant[0, i]), n - n_prompt)
+    print(f"prompt {n_prompt} tokens + 48 generated; KV cache held {held['total'] / 2**20:.2f} MiB "
+          f"(4-bit groups of 128 tokens + the newest tokens in full precision) vs {bf16 / 2**20:.2f} MiB "
+          f"in bf16: {bf16 / held['total']:.2f}x smaller")
+    texts = [tok.decode(g[0, n_prompt:], skip_special_tokens=True).strip() for g in (plain, quant)]
+    if same:
+        print(f"greedy answer identical with both caches: {texts[0][:120]!r}")
+    else:
+        print(f"greedy answers agree on the first {diverge} of 48 tokens, then differ (4-bit keys/values shift "
+              f"near-tied logits; bench/kv_cache.py measures perplexity and GSM8K accuracy):\n"
+              f"   default: {texts[0][:120]!r}\n   inquant: {texts[1][:120]!r}")
+    return {"prompt_tokens": n_prompt, "kv_bytes": held, "bf16_bytes": bf16, "same_answer": same,
+            "tokens_before_divergence": diverge, "answers": texts}
+
+
+def step_guarded_serving(engine, model_name: str, out_dir: Path, n_fit: int) -> dict:
+    import httpx
+
+    from llmkit.engines.hf import HFEngine
+    from llmkit.evals import iheval
+    from llmkit.generation import GenerationParams
+    from llmkit.serving.guard import Guard
+    from llmkit.serving.kv_cache import cache_factory
+    from llmkit.serving.server import BackgroundServer, ServerConfig, build_app
+
+    say(f"4. guarded serving: fit an AEO guard on the model's answers to {n_fit} aligned IHEval prompts "
+        f"({GUARD_TASK}), then serve with it")
+    samples = iheval.load(None, tasks=[GUARD_TASK], settings=["aligned", "conflict"])
+    samples = [s for s in samples if s["id"] not in iheval.INSTRUCTION_IDS]
+    aligned = [s for s in samples if s["setting"] == "aligned"]
+    conflict = [s for s in samples if s["setting"] == "conflict"]
+    fit, (probe_ok, probe_bad) = aligned[:n_fit], (aligned[n_fit], conflict[n_fit])
+    msgs = [iheval.build_messages(s) for s in fit]
+    t0 = time.time()
+    outs = engine.generate([engine.chat_prompt(m) for m in msgs], GenerationParams(max_new_tokens=48))
+    convs = [[*m, {"role": "assistant", "content": o[0].text}] for m, o in zip(msgs, outs)]
+    guard = Guard.fit(engine.model, engine.tokenizer, convs, model_name=model_name, holdout=0.3)
+    guard_dir = guard.save(out_dir / "guard")
+    print(f"guard fitted in {time.time() - t0:.0f} s on layers {guard.layers}: threshold {guard.threshold:.3f}, "
+          f"saved to {guard_dir} (serve it with `llmkit serve --guard {guard_dir}`)")
+
+    served = HFEngine(engine.model, engine.tokenizer, cache_factory=cache_factory("inquant"))
+    served.model_name = model_name
+    app = build_app(served, ServerConfig(model_name=model_name, guard=guard, guard_action="annotate"))
+    results = []
+    with BackgroundServer(app) as srv:
+        print(f"server up at {srv.url}/v1 (KV cache: inquant, guard: annotate)")
+        for label, s in (("aligned", probe_ok), ("conflict (injected instruction)", probe_bad)):
+            body = {"model": model_name, "messages": iheval.build_messages(s), "max_tokens": 48, "temperature": 0}
+            r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=300)
+            r.raise_for_status()
+            choice = r.json()["choices"][0]
+            v = choice["guard"]
+            print(f"POST /v1/chat/completions [{label}]: {choice['message']['content'].strip()[:100]!r}\n"
+                  f"   guard score {v['score']:.3f} (threshold {guard.threshold:.3f}) -> "
+                  f"{'FLAGGED' if v['flagged'] else 'passed'}")
+            results.append({"setting": s["setting"], "id": s["id"], "answer": choice["message"]["content"],
+                            "guard": v})
+    print("(a guard fitted on a handful of answers is a demonstration; bench/guard.py measures detection)")
+    return {"guard_dir": str(guard_dir), "requests": results}
+
+
+def step_recipe(out_dir: Path, steps: int) -> dict:
+    say(f"5. recipe: {steps} HALO SFT steps on GSM8K (homotopy unfreezing, output layers first)")
+    cmd = [sys.executable, "-m", "llmkit.cli", "train", "halo", "--config", str(HALO_CONFIG),
+           "--max_steps", str(steps), "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1",
+           "--max_length", "192", "--max_train_samples", str(2 * steps), "--max_eval_samples", "8",
+           "--max_forget_samples", "8", "--forget_max_length", "192", "--eval_steps", str(steps),
+           "--save_steps", str(steps), "--save_total_limit", "1", "--logging_steps", "1",
+           "--warmup_steps", "0", "--output_dir", str(out_dir / "halo")]
+    print("$ llmkit " + " ".join(cmd[3:]), flush=True)
+    subprocess.run(cmd, check=True, cwd=REPO)
+    res = json.loads((out_dir / "halo" / "halo_results.json").read_text())
+    print(f"HALO: {res['global_step']} steps, train loss {res['train_loss']:.3f}, eval loss {res['eval_loss']:.3f}, "
+          f"forgetting {res['forgetting']:+.4f}; model and loss curve in {out_dir / 'halo'}")
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m llmkit.demo", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m llmkit.demo", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="default: the bundled smollm2-135m-instruct")
     ap.add_argument("--limit", type=int, default=20, help="GSM8K problems (default 20)")
+    ap.add_argument("--guard-fit", type=int, default=16, help="IHEval answers to fit the guard on (default 16)")
+    ap.add_argument("--train-steps", type=int, default=4, help="HALO steps (default 4; 0 skips the recipe step)")
     ap.add_argument("--output", default=str(REPO / "runs" / "demo"))
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from llmkit.engines.hf import HFEngine
     from llmkit.models import DEFAULT_MODEL, materialize_alias
 
     model_name = args.model or DEFAULT_MODEL
@@ -61,10 +175,19 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.output)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    step_chat(model_name)
-    results = {"gsm8k": step_gsm8k(model_name, out_dir, args.limit)}
+    say(f"0. loading {model_name}")
+    engine = HFEngine(model_name)
+    engine.model_name = model_name
+    print(f"loaded in {time.time() - t0:.1f} s: {engine.model.num_parameters() / 1e6:.0f}M parameters")
+    results = {"model": model_name, "chat": step_chat(engine)}
+    results["gsm8k"] = step_gsm8k(engine, out_dir, args.limit)
+    results["kv_cache"] = step_kv(engine.model, engine.tokenizer)
+    results["guarded_serving"] = step_guarded_serving(engine, model_name, out_dir, args.guard_fit)
+    if args.train_steps > 0:
+        results["recipe"] = step_recipe(out_dir, args.train_steps)
+    results["wall_s"] = time.time() - t0
     (out_dir / "demo.json").write_text(json.dumps(results, indent=2, default=str))
-    say(f"done in {time.time() - t0:.0f} s; results in {out_dir}")
+    say(f"done in {results['wall_s']:.0f} s; results in {out_dir / 'demo.json'}")
     return 0
 
 
