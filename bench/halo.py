@@ -31,12 +31,12 @@ are ~220 tokens on average (90% <= 315), so 256 tokens keeps most answers whole.
 goes 0 -> 1 over the first half (15 steps; the 31 units -- head with the
 tied embedding, then the 30 decoder layers -- ramp in one after another), the
 second half is full finetuning for everyone but LISA, and validation every 3
-steps gives 10 points per curve. That is ~12 min per schedule (~7.5 min training, ~4 min validation),
-~45 min for all four -- hence the per-method split below. The earlier default
+steps gives 10 points per curve. Measured: ~6-7 min per schedule (280-360 s training, the rest
+validation and loading), ~30 min for all four -- hence the per-method split below. The earlier default
 (60 steps, batch 8, 384 tokens, 48 validation examples) was ~5x that compute
 and did not fit the machine's shared time.
 
-Runs can be split per schedule (each piece holds a CPU slot for ~10-12 min):
+Runs can be split per schedule (each piece holds a CPU slot for ~7 min):
 
     .venv/bin/python bench/halo.py --methods full
     .venv/bin/python bench/halo.py --methods halo
