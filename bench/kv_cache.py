@@ -47,8 +47,8 @@ from tqdm.auto import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from llmkit.models import load  # noqa: E402
-from llmkit.serving.kv_cache import CACHES  # noqa: E402
+from llmkit.models import load
+from llmkit.serving.kv_cache import CACHES
 
 DATA = ROOT.parent / "shared" / "data" / "gsm8k"
 METHODS = ["inquant", "kivi", "outlier-buffer"]

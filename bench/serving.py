@@ -62,7 +62,7 @@ class Server:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix=f"llmkit-serve-{engine}-", suffix=".log", delete=False)
+        self.log = tempfile.NamedTemporaryFile("w+", prefix=f"llmkit-serve-{engine}-", suffix=".log", delete=False)  # noqa: SIM115 - open for the server's life
         cmd = [sys.executable, "-m", "llmkit.cli", "serve", "--model", MODEL, "--engine", engine,
                "--port", str(self.port), "--max-concurrency", "256", "--log-level", "warning", *extra]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO)

@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import MODEL, RESULTS, Server  # noqa: E402
+from serving import MODEL, RESULTS, Server
 
 KEY = "robustness-key"
 CHAT, COMP = "/v1/chat/completions", "/v1/completions"

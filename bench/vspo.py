@@ -73,10 +73,10 @@ def main():
     vec = extract(model, tok, contrastive_pairs("verbosity", [r["question"] for r in rows[-8:]]), behavior="verbosity")
     ds = Dataset.from_list(rows[:32])
     rewards = [gsm8k_correctness, make_verbosity(5, 40)]
-    common = dict(per_device_train_batch_size=8, num_generations=4, max_completion_length=args.completion_length,
-                  generation_kwargs={"min_new_tokens": args.completion_length}, learning_rate=1e-6, beta=0.0,
-                  report_to="none", use_cpu=True, bf16=False, logging_steps=1, save_strategy="no", seed=0,
-                  disable_tqdm=True, dataloader_num_workers=0)
+    common = {"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": args.completion_length,
+                  "generation_kwargs": {"min_new_tokens": args.completion_length}, "learning_rate": 1e-6, "beta": 0.0,
+                  "report_to": "none", "use_cpu": True, "bf16": False, "logging_steps": 1, "save_strategy": "no", "seed": 0,
+                  "disable_tqdm": True, "dataloader_num_workers": 0}
 
     class StepTimer(TrainerCallback):
         def __init__(self):

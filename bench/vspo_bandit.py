@@ -157,7 +157,7 @@ def main():
         plt.legend()
         plt.tight_layout()
         plt.savefig(RESULTS / f"{name}.png", dpi=110)
-    except Exception as e:  # the figures above are the result; a plot failure should not lose them
+    except Exception as e:  # noqa: BLE001 - the figures above are the result; a plot failure should not lose them
         print(f"plot skipped: {e}")
     print(f"wrote {RESULTS / (name + '.json')}")
     print(json.dumps(fig))

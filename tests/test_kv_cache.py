@@ -133,7 +133,7 @@ def test_outlier_high_nibble_lives_in_the_donor_slot_and_donor_becomes_its_mean(
     x[0, 0, :, 0] = torch.tensor([0.0, 255.0, 17.0, 34.0])  # range 255: the 8-bit step is exactly 1
     x[0, 0, :, 1] = torch.tensor([1.0, 2.0, 3.0, 6.0])  # donor, mean 3
     x[0, 0, :, 2] = torch.tensor([0.0, 1.0, 2.0, 3.0])
-    packed, scale, zero, y = _roundtrip(x, torch.tensor([[0]]), torch.tensor([[1]]))
+    packed, scale, _zero, y = _roundtrip(x, torch.tensor([[0]]), torch.tensor([[1]]))
     codes = kq.unpack_nibbles(packed)[0, 0]
     assert codes[:, 0].tolist() == [0, 15, 1, 2]  # low nibbles of 0, 255, 17, 34
     assert codes[:, 1].tolist() == [0, 15, 1, 2]  # their high nibbles, in the donor's slot
@@ -160,8 +160,8 @@ def test_group_wise_scales_isolate_groups():
 # ----------------------------------------------------------------------------- property test
 
 hyp = pytest.importorskip("hypothesis")
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 @settings(max_examples=25, deadline=None)
@@ -178,7 +178,7 @@ def test_error_bounds_hold_for_planted_outliers(seed, mag, adjacent, zero_group,
     desc = estimate_descriptor(x, n_outliers=2, max_stride=3, n_samples=8, seed=seed, min_ratio=0.0)
     o, d = desc.outlier_ids, desc.donor_ids
     assert set(o[0].tolist()) == set(planted) or G <= 8  # few tokens: sampling sees all of them
-    packed, scale, zero, y = _roundtrip(x, o, d)
+    _packed, scale, _zero, y = _roundtrip(x, o, d)
     err = (y - x).abs().amax(2)  # [N, H, D]
     mn, rng = x.amin(2), x.amax(2) - x.amin(2)
     slack = 1e-6 * x.abs().amax(2)  # float32 arithmetic
@@ -218,7 +218,7 @@ def test_new_tokens_are_appended_without_requantizing_old_groups():
     scale0 = layer.store["k"]["scale"].clone()
     for i in range(11):  # decode one token at a time: a second group fills at 16
         k1, v1 = _kv(1, seed=100 + i)
-        out_k, out_v = layer.update(k1, v1)
+        out_k, _out_v = layer.update(k1, v1)
         assert out_k.shape[-2] == 14 + i
     assert layer.n_packed == 24 and layer.group_lens == [8, 8, 8]
     assert torch.equal(layer.store["k"]["packed"][:, :, :8], packed0)

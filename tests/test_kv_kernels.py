@@ -11,10 +11,10 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from llmkit.kernels import kv_quant as kq  # noqa: E402
+from llmkit.kernels import kv_quant as kq
 
 D = 16
 

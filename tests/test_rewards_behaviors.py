@@ -7,7 +7,14 @@ import random
 import pytest
 
 from llmkit.rewards.behaviors import (
-    BEHAVIORS, confidence, contrastive_pairs, expertise, inject_hint, make_verbosity, robustness, stated_confidence,
+    BEHAVIORS,
+    confidence,
+    contrastive_pairs,
+    expertise,
+    inject_hint,
+    make_verbosity,
+    robustness,
+    stated_confidence,
 )
 
 GOLD = "Natalia sold 48/2 = 24 clips in May.\n#### 72"
@@ -15,7 +22,7 @@ GOLD = "Natalia sold 48/2 = 24 clips in May.\n#### 72"
 
 def test_verbosity_band_and_decay():
     f = make_verbosity(10, 20)
-    words = lambda n: " ".join(["w"] * n)  # noqa: E731
+    words = lambda n: " ".join(["w"] * n)
     s = f(completions=[words(15), words(10), words(20), words(5), words(30), words(40), words(200)])
     assert s[:3] == [1.0, 1.0, 1.0]
     assert s[3] == pytest.approx(0.0) and s[5] == pytest.approx(0.0) and s[6] == 0.0

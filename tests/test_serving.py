@@ -77,7 +77,7 @@ def test_completions_with_several_prompts_and_n(srv):
 
 
 def test_sampling_seed_is_reproducible_and_choices_differ(srv):
-    kw = dict(model="tiny", messages=MSG, max_tokens=16, temperature=1.0, n=2, seed=123)
+    kw = {"model": "tiny", "messages": MSG, "max_tokens": 16, "temperature": 1.0, "n": 2, "seed": 123}
     a = srv.client.chat.completions.create(**kw)
     b = srv.client.chat.completions.create(**kw)
     assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]

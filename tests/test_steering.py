@@ -45,9 +45,9 @@ def test_per_row_alpha_adds_exactly_alpha_times_vector_to_each_row(tiny_model, t
     with torch.no_grad(), capture(tiny_model, [1]) as plain:
         tiny_model(**enc)
     base = plain[1].clone()
-    with torch.no_grad(), Steering(tiny_model, vec, alphas):
-        with capture(tiny_model, [1]) as seen:  # registered after the steering hook: sees the steered output
-            tiny_model(**enc)
+    # capture is entered after Steering, so its hook runs after the steering hook: it sees the steered output
+    with torch.no_grad(), Steering(tiny_model, vec, alphas), capture(tiny_model, [1]) as seen:
+        tiny_model(**enc)
     delta = seen[1] - base
     for b, a in enumerate(alphas.tolist()):
         expected = (a * vec.directions[1]).expand_as(delta[b])

@@ -40,9 +40,9 @@ def _trainer(tmp_path, model, tok, vec, **overrides):
     from llmkit.train.vspo.config import VSPOConfig
     from llmkit.train.vspo.trainer import VSPOTrainer
 
-    kw = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
-              max_completion_length=8, max_steps=10, report_to="none", use_cpu=True, bf16=False, beta=0.0,
-              alpha_max=6.0, alpha_anneal="none", logging_steps=1, seed=0, temperature=1.0)
+    kw = {"output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 8, "num_generations": 4,
+              "max_completion_length": 8, "max_steps": 10, "report_to": "none", "use_cpu": True, "bf16": False, "beta": 0.0,
+              "alpha_max": 6.0, "alpha_anneal": "none", "logging_steps": 1, "seed": 0, "temperature": 1.0}
     kw.update(overrides)
     args = VSPOConfig(**kw)
     ds = Dataset.from_list([{"prompt": p} for p in PROMPTS] * 4)

@@ -75,9 +75,8 @@ def load_guard(args, model_name: str):
 
 
 def run(args) -> int:
-    from llmkit.serving.server import ServerConfig, build_app, serve
-
     from llmkit.models import DEFAULT_MODEL
+    from llmkit.serving.server import ServerConfig, build_app, serve
 
     if args.threads:
         import torch

@@ -205,7 +205,7 @@ class HFBatcher(StreamLoop):
                     self.running = len(batch.rows)
                     self.max_batch_seen = max(self.max_batch_seen, sum(not r.done for r in batch.rows))
                     batch = self._step(batch)
-            except Exception as e:  # a failing step must not take the server down
+            except Exception as e:  # noqa: BLE001 - a failing step must not take the server down
                 live = (batch.rows if batch is not None else []) + added
                 for row in live:
                     if not row.done:

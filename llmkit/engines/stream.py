@@ -18,8 +18,8 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from llmkit.generation import GenerationParams
 

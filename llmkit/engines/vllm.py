@@ -69,6 +69,6 @@ class VLLMEngine(Engine):
         if llm is not None:
             try:
                 llm.llm_engine.engine_core.shutdown()
-            except Exception:
+            except Exception:  # noqa: BLE001, S110 - best-effort shutdown; the engine may already be gone
                 pass
             self.llm = None

@@ -32,7 +32,7 @@ class VLLMStreamer(StreamLoop):
         sp.output_kind = RequestOutputKind.DELTA
         try:
             self.engine.llm.llm_engine.add_request(r.id, {"prompt_token_ids": list(r.prompt_ids)}, sp)
-        except Exception as e:  # a request vLLM refuses must not stop the loop
+        except Exception as e:  # noqa: BLE001 - a request vLLM refuses must not stop the loop
             r.on_event(StreamEvent(finish_reason="error", error=f"{type(e).__name__}: {e}"))
             return
         self.live[r.id] = r
@@ -58,7 +58,7 @@ class VLLMStreamer(StreamLoop):
                 continue
             try:
                 outputs = eng.step()
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a failing step fails its requests, not the loop
                 for r in self.live.values():
                     r.on_event(StreamEvent(finish_reason="error", error=f"{type(e).__name__}: {e}"))
                 self.live.clear()

@@ -13,6 +13,7 @@ partner's byte (a gathered load) to rebuild their 8-bit code.
 import triton
 import triton.language as tl
 
+
 @triton.jit
 def _round_down_bf16(x):
     # largest bf16 <= x: round to nearest, then step one ulp down where that overshot

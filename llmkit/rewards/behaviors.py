@@ -36,8 +36,8 @@ from __future__ import annotations
 import math
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 # --------------------------------------------------------------------------------------------- helpers
 
@@ -99,18 +99,18 @@ def make_verbosity(min_words: int = 10, max_words: int = 40) -> Callable:
 
 _NUMERIC = [
     re.compile(r"confiden(?:ce|t)\s*(?:level|score)?\s*(?:is|of|:|=|-)?\s*(?:about|around|roughly)?\s*"
-               r"(\d{1,3}(?:\.\d+)?)\s*(%|percent)?", re.I),
-    re.compile(r"(\d{1,3}(?:\.\d+)?)\s*(%|percent)\s*(?:confident|sure|certain|confidence)", re.I),
+               r"(\d{1,3}(?:\.\d+)?)\s*(%|percent)?", re.IGNORECASE),
+    re.compile(r"(\d{1,3}(?:\.\d+)?)\s*(%|percent)\s*(?:confident|sure|certain|confidence)", re.IGNORECASE),
 ]
 _VERBAL = [  # most specific first
-    (re.compile(r"\b(?:not|n't)\s+(?:very\s+|entirely\s+|completely\s+)?(?:sure|confident|certain)\b", re.I), 0.4),
-    (re.compile(r"\b(?:unsure|uncertain|not certain|low confidence)\b", re.I), 0.3),
-    (re.compile(r"\b(?:best\s+)?guess\b", re.I), 0.2),
-    (re.compile(r"\b(?:completely|absolutely|100%)\s+(?:sure|certain|confident)\b", re.I), 0.95),
-    (re.compile(r"\bI(?: am|'m)\s+certain\b", re.I), 0.95),
-    (re.compile(r"\b(?:very|highly|extremely)\s+confident\b|\bhigh confidence\b", re.I), 0.9),
-    (re.compile(r"\b(?:fairly|reasonably|moderately|somewhat)\s+(?:confident|sure)\b", re.I), 0.7),
-    (re.compile(r"\bI(?: am|'m)\s+(?:confident|sure)\b|\bconfident\b", re.I), 0.8),
+    (re.compile(r"\b(?:not|n't)\s+(?:very\s+|entirely\s+|completely\s+)?(?:sure|confident|certain)\b", re.IGNORECASE), 0.4),
+    (re.compile(r"\b(?:unsure|uncertain|not certain|low confidence)\b", re.IGNORECASE), 0.3),
+    (re.compile(r"\b(?:best\s+)?guess\b", re.IGNORECASE), 0.2),
+    (re.compile(r"\b(?:completely|absolutely|100%)\s+(?:sure|certain|confident)\b", re.IGNORECASE), 0.95),
+    (re.compile(r"\bI(?: am|'m)\s+certain\b", re.IGNORECASE), 0.95),
+    (re.compile(r"\b(?:very|highly|extremely)\s+confident\b|\bhigh confidence\b", re.IGNORECASE), 0.9),
+    (re.compile(r"\b(?:fairly|reasonably|moderately|somewhat)\s+(?:confident|sure)\b", re.IGNORECASE), 0.7),
+    (re.compile(r"\bI(?: am|'m)\s+(?:confident|sure)\b|\bconfident\b", re.IGNORECASE), 0.8),
 ]
 
 
@@ -158,15 +158,15 @@ confidence.rate = lambda texts: [float(stated_confidence(t) is not None) for t i
 _TERMS = re.compile(
     r"\b(equation|variable|substitut\w*|ratio|proportion\w*|rate|per unit|total|product|quotient|sum|difference|"
     r"therefore|hence|thus|consequently|multipl\w*|divid\w*|factor\w*|express\w*|formula|solv\w*|simplif\w*|"
-    r"distributive|percentage|fraction|denominator|numerator|unit)\b", re.I)
+    r"distributive|percentage|fraction|denominator|numerator|unit)\b", re.IGNORECASE)
 _EQUATION = re.compile(r"[\w)\]]\s*[-+*/×x]\s*[\w(]+[^=\n]{0,40}=\s*[-$\d(]")
-_LET = re.compile(r"\blet\s+[a-zA-Z]\s+(?:be|=|denote)", re.I)
-_STEP = re.compile(r"^\s*(?:\d+[.)]|[-*•]|step\s+\d+)", re.I | re.M)
+_LET = re.compile(r"\blet\s+[a-zA-Z]\s+(?:be|=|denote)", re.IGNORECASE)
+_STEP = re.compile(r"^\s*(?:\d+[.)]|[-*•]|step\s+\d+)", re.IGNORECASE | re.MULTILINE)
 EXPERTISE_TARGET = 6
 
 
 def expertise_markers(text: str) -> int:
-    terms = len(set(m.lower() for m in _TERMS.findall(text)))
+    terms = len({m.lower() for m in _TERMS.findall(text)})
     return terms + min(len(_EQUATION.findall(text)), 3) + 2 * bool(_LET.search(text)) + min(len(_STEP.findall(text)), 2)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from transformers.cache_utils import Cache
 
-from llmkit.serving.kv_cache.inquant import (  # noqa: F401
+from llmkit.serving.kv_cache.inquant import (
     Descriptor,
     assign_donors,
     estimate_descriptor,
@@ -112,5 +112,16 @@ def cache_factory(name: str | None, **kwargs):
     return lambda model: cls(model.config, **kwargs)
 
 
-__all__ = ["InQuantCache", "KIVICache", "OutlierBufferCache", "QuantizedKVCache", "cache_factory", "CACHES",
-           "Descriptor", "estimate_descriptor", "sample_saliency", "select_outliers", "assign_donors"]
+__all__ = [
+    "CACHES",
+    "Descriptor",
+    "InQuantCache",
+    "KIVICache",
+    "OutlierBufferCache",
+    "QuantizedKVCache",
+    "assign_donors",
+    "cache_factory",
+    "estimate_descriptor",
+    "sample_saliency",
+    "select_outliers",
+]

@@ -102,7 +102,7 @@ class Descriptor:
     offsets: torch.Tensor  # int8 [H, k]
 
     @classmethod
-    def build(cls, outliers: torch.Tensor, donors: torch.Tensor) -> "Descriptor":
+    def build(cls, outliers: torch.Tensor, donors: torch.Tensor) -> Descriptor:
         off = donors.long() - outliers.long()
         if off.numel() and (off.abs().max() > 127 or outliers.max() > 255):
             raise ValueError("descriptor needs head_dim <= 256 and donor offsets within int8")
