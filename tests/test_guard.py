@@ -331,14 +331,112 @@ def test_states_recorded_during_generation_match_teacher_forcing(fitted, tiny_mo
     from llmkit.serving.guard.capture import GenerationRecorder
 
     with GenerationRecorder(tiny_model, [1, 2]) as rec:
-        comps = [c[0] for c in eng._hf.generate([eng.chat_prompt(prompts[1])], GenerationParams(max_new_tokens=5))]
-    got = rec.captures(comps, [1])[0]
+        text = eng.chat_prompt(prompts[1])
+        comps = [c[0] for c in eng._hf.generate([text], GenerationParams(max_new_tokens=5))]
+    got = rec.captures(comps, [[tiny_tokenizer(text, add_special_tokens=False)["input_ids"]]])[0]
     convo = [*prompts[1], {"role": "assistant", "content": comps[0].text}]
     ref = capture(tiny_model, tiny_tokenizer, [convo], [1, 2])[0]
     k = got.states[2].shape[0]
     assert k == min(5, comps[0].completion_tokens) - (comps[0].finish_reason == "length")
     torch.testing.assert_close(got.states[1], ref.states[1][:k], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got.states[2], ref.states[2][:k], atol=1e-4, rtol=1e-4)
+
+
+def _letters_only(model, tok, scale=10.0):
+    """Make a random model write ASCII letters only (one byte token each), so text round-trips to its tokens."""
+    import string
+
+    letters = [i for i, t in enumerate(tok.convert_ids_to_tokens(list(range(len(tok)))))
+               if t in set(string.ascii_letters)]
+    with torch.no_grad():
+        w = model.lm_head.weight
+        keep = torch.zeros(w.shape[0], dtype=torch.bool)
+        keep[letters] = True
+        w[~keep] = 0
+        w[keep] *= scale
+    return letters
+
+
+def test_generate_maps_recorded_states_to_rows_that_end_at_different_steps(tiny_tokenizer):
+    """Batch > 1, rows ending at different steps: the hf greedy loop drops finished rows mid-batch.
+
+    Guard.generate's per-response scores must equal the teacher-forced check_batch on the same texts
+    (EOS-ended rows; a length-cut row lacks its last token's state, so it is compared with the
+    teacher-forced states without that token), and with stop strings too.
+    """
+    from llmkit.generation import GenerationParams
+    from llmkit.testing import tiny_llama
+
+    model = tiny_llama(seed=1)  # seed 1 writes prompt-dependent letters (seed 0 repeats one pattern)
+    letters = _letters_only(model, tiny_tokenizer)
+    guard = Guard.fit(model, tiny_tokenizer, compliant(30), model_name="tiny", layers=[1, 2],
+                      n_components=8, target_fpr=0.1)
+    eng = StubEngine(model, tiny_tokenizer)
+    eng._hf.batch_size = eng.batch_size = 8
+    users = ["hi", "a longer question, padded less", "third", "what is the capital of France?", "zzz",
+             "Tell me a story about dragons", "1+1=?", "ok"]
+    prompts = [conv(u, "")[:-1] for u in users]
+    max_new = 10
+    free = [c[0] for c in eng._hf.generate([eng.chat_prompt(p) for p in prompts], GenerationParams(max_new_tokens=max_new))]
+
+    # an extra EOS letter chosen so that rows end at as many different steps as possible (some never: length)
+    def ends(x):
+        return [c.token_ids.index(x) if x in c.token_ids else max_new for c in free]
+
+    eos_letter = max(letters, key=lambda x: (len(set(ends(x))), -abs(ends(x).count(max_new) - 2)))
+    assert len(set(ends(eos_letter))) >= 3 and max_new in ends(eos_letter)
+    model.generation_config.eos_token_id = [tiny_tokenizer.eos_token_id, eos_letter]
+    params = GenerationParams(max_new_tokens=max_new)
+
+    passes = []  # teacher-forced passes run by the guard (the fallback when rows cannot be mapped)
+    orig_capture = guard.capture
+    guard.capture = lambda *a, **kw: passes.append(len(a[2])) or orig_capture(*a, **kw)
+
+    eng.prompts.clear()
+    out = guard.generate(eng, prompts, params)
+    assert len(eng.prompts) == len(prompts) and passes == []  # one generation pass, states all recorded
+    texts = [t for t, _ in out]
+    assert [len(t) for t in texts] == ends(eos_letter)  # rows really ended at different steps
+    ref = guard.check_batch(eng, prompts, texts)
+    convs = [[*p, {"role": "assistant", "content": t}] for p, t in zip(prompts, texts)]
+    caps = guard.capture(model, tiny_tokenizer, convs)
+    for cap, t in zip(caps, texts):
+        if len(t) == max_new:  # length-cut: the last token is never fed back, so it has no recorded state
+            cap.states = {l: s[:-1] for l, s in cap.states.items()}
+    cut_ref = guard.layer_z(caps)
+    for i, ((text, res), r) in enumerate(zip(out, ref)):
+        assert res["n_tokens"] == r["n_tokens"] == len(text)
+        want = r["score"] if len(text) < max_new else float(cut_ref[i].mean())
+        assert res["score"] == pytest.approx(want, rel=1e-3, abs=1e-3), (i, text)
+        if len(text) < max_new:
+            assert res["layer_scores"] == pytest.approx(r["layer_scores"], rel=1e-3, abs=1e-3)
+
+    # stop strings: rows cut by a stop string at different steps; scores equal the teacher-forced ones
+    model.generation_config.eos_token_id = tiny_tokenizer.eos_token_id
+    stop = tiny_tokenizer.convert_ids_to_tokens(eos_letter)
+    passes.clear()
+    out = guard.generate(eng, prompts, GenerationParams(max_new_tokens=max_new, stop=[stop]))
+    texts = [t for t, _ in out]
+    assert len({len(t) for t in texts}) >= 3 and passes == [len(prompts)]  # stop rows: teacher-forced
+    ref = guard.check_batch(eng, prompts, texts)
+    for (text, res), r in zip(out, ref):
+        assert res["n_tokens"] == r["n_tokens"]
+        assert res["score"] == pytest.approx(r["score"], rel=1e-3, abs=1e-3), text
+
+    # an engine that reorders the prompts of a call (here: reversed) is detected, not mis-assigned
+    class Reversing(StubEngine):
+        def generate(self, prompts, params, n=1, progress=False):
+            return super().generate(prompts[::-1], params, n=n)[::-1]
+
+    rev = Reversing(model, tiny_tokenizer)
+    rev._hf.batch_size = rev.batch_size = 8
+    passes.clear()
+    out = guard.generate(rev, prompts, GenerationParams(max_new_tokens=4))  # no EOS: all rows full width
+    texts = [t for t, _ in out]
+    assert len(set(texts)) > 1 and passes == [len(prompts)]
+    ref = guard.check_batch(eng, prompts, texts)
+    for (text, res), r in zip(out, ref):
+        assert res["score"] == pytest.approx(r["score"], rel=1e-3, abs=1e-3), text
 
 
 # ---- cheaper server-path check: truncated pass, prompt prefilled beside generation ----------

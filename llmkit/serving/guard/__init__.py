@@ -65,7 +65,10 @@ Contract with the server (``llmkit serve --guard DIR --guard-action annotate|blo
   corrected response text (same decoding parameters); with ``original`` the flagged response
   is returned instead when the correction scores no better.
 - ``guard.generate(engine, list_of_messages, params) -> [(text, check result)]``: on the hf
-  engine the states are recorded during generation (no second forward pass).
+  engine the states are recorded during generation (no second forward pass); recorded rows
+  are matched to responses through the greedy loop's row dropping, and responses whose rows
+  cannot be matched for sure (prompts reordered by the engine, stop strings ending rows at
+  different steps) get the teacher-forced pass instead.
 - ``engine`` is an ``llmkit.engines`` engine. For ``hf`` the hidden states come from
   ``engine.model``; for ``vllm`` a transformers copy of ``engine.model_name`` is loaded
   once (``llmkit.models.load``) and cached for the teacher-forced pass.

@@ -263,34 +263,52 @@ def capture_after_prefill(model, tokenizer, pre: Prefill, response: str, layers:
 class GenerationRecorder:
     """Record the guard layers' states while the transformers engine generates (no extra forward pass).
 
-    ``model.generate`` runs one prefill forward per batch (all prompt positions,
-    left-padded) and then one forward per new token, fed the token chosen last:
+    Each engine call runs one prefill forward per batch (all prompt positions,
+    left-padded) and then one forward per new token, fed the tokens chosen last:
     the step that feeds response token ``k`` yields its states, which is where a
     teacher-forced pass would put them. The last token of a response cut by the
     length limit is never fed back, so it has no state (the teacher-forced pass
     would have one more row). Layer ``l`` is recorded at the output of block
     ``l - 1``, the final norm for the last layer, and the embeddings for 0, so the
-    values equal ``output_hidden_states[l]``.
+    values equal ``output_hidden_states[l]``. Only forwards of the thread that
+    entered the recorder are kept (a server's batcher may run beside it).
+
+    Which tensor row belongs to which completion (:meth:`captures`):
+
+    - the prefill's unpadded input ids must equal the chunk's prompts in order
+      (an engine that reorders prompts, or splits the call into other batches, is
+      detected here);
+    - while every step has all the batch's rows (``model.generate``: finished rows
+      stay in the batch), row ``r`` of each step is completion ``r``;
+    - llmkit's greedy loop (``hf_batcher.greedy_generate``) drops finished rows at
+      once and keeps the order of the others. Row ``i`` is fed ``f_i`` tokens:
+      ``completion_tokens`` when it ended at EOS, one less when cut by the length
+      limit; so step ``t`` holds, in order, the completions with ``f_i > t``. This
+      is checked against every step's width. A row cut by a stop string ran past
+      the cut (until the match was certain) and its completion no longer says how
+      far, so with stop strings a batch whose rows left at different steps is not
+      mapped.
+
+    A batch that cannot be mapped this way gets ``None`` captures: the caller runs
+    the teacher-forced pass for those responses instead.
     """
 
     def __init__(self, model, layers: list[int]):
+        import threading
+
         self.model, self.layers = model, layers
-        self.chunks: list[dict] = []  # per generate() batch: {"last_prompt": {l: (B,d)}, "steps": [{l: (B,d)}]}
+        # per engine batch: {"prompts": [[ids]] | None, "last_prompt": {l: (B, d)}, "steps": [{l: (B_t, d)}]}
+        self.chunks: list[dict] = []
         self._step: dict[int, torch.Tensor] = {}
         self._handles = []
+        self._tid = threading.get_ident()
 
     def __enter__(self):
         base = _backbone(self.model)
         n = self.model.config.num_hidden_layers
         for l in self.layers:
-            if l == 0:
-                module = base.embed_tokens
-            elif l == n and getattr(base, "norm", None) is not None:
-                module = base.norm
-            else:
-                module = base.layers[l - 1]
-            self._handles.append(module.register_forward_hook(self._hook(l)))
-        self._handles.append(base.register_forward_hook(self._end_of_forward))
+            self._handles.append(_layer_module(base, n, l).register_forward_hook(self._hook(l)))
+        self._handles.append(base.register_forward_hook(self._end_of_forward, with_kwargs=True))
         return self
 
     def __exit__(self, *exc):
@@ -299,36 +317,92 @@ class GenerationRecorder:
         self._handles = []
 
     def _hook(self, layer):
+        import threading
+
         def hook(_module, _inputs, output):
+            if threading.get_ident() != self._tid:
+                return
             out = output[0] if isinstance(output, tuple) else output
             self._step[layer] = out.detach()
 
         return hook
 
-    def _end_of_forward(self, _module, _inputs, _output):
+    def _end_of_forward(self, _module, args, kwargs, _output):
+        import threading
+
+        if threading.get_ident() != self._tid:
+            return
         step, self._step = self._step, {}
         if not step:
             return
         width = next(iter(step.values())).shape[1]
         if width > 1 or not self.chunks:  # a prefill starts a new batch
-            self.chunks.append({"last_prompt": {l: s[:, -1].float().cpu() for l, s in step.items()}, "steps": []})
+            self.chunks.append({"prompts": _unpadded_ids(args, kwargs),
+                                "last_prompt": {l: s[:, -1].float().cpu() for l, s in step.items()},
+                                "steps": []})
         else:
             self.chunks[-1]["steps"].append({l: s[:, 0].float().cpu() for l, s in step.items()})
 
-    def captures(self, completions, batch_sizes: list[int]) -> list[Capture]:
-        """One Capture per completion, given how many rows each generate() batch had (in order)."""
-        if len(batch_sizes) != len(self.chunks):
-            raise RuntimeError(f"recorded {len(self.chunks)} generate batches, expected {len(batch_sizes)}")
-        out, k = [], 0
-        for chunk, size in zip(self.chunks, batch_sizes):
-            steps = chunk["steps"]
-            for r in range(size):
-                comp = completions[k]
-                k += 1
+    def captures(self, completions, prompt_ids: list[list[list[int]]], stop: bool = False
+                 ) -> list[Capture | None]:
+        """One Capture per completion (``None`` where the rows cannot be mapped, see the class doc).
+
+        ``prompt_ids`` holds, per engine call in order, the token ids of its prompts;
+        ``stop``: whether stop strings were in force.
+        """
+        total = sum(len(p) for p in prompt_ids)
+        if len(completions) != total or len(prompt_ids) != len(self.chunks):
+            return [None] * len(completions)  # not one recorded batch per engine call
+        out: list[Capture | None] = []
+        k = 0
+        for chunk, prompts in zip(self.chunks, prompt_ids):
+            comps = completions[k : k + len(prompts)]
+            k += len(prompts)
+            rows = _row_map(chunk, prompts, comps, stop)
+            if rows is None:
+                out += [None] * len(comps)
+                continue
+            for i, comp in enumerate(comps):
+                steps = rows[i]
                 n = min(comp.completion_tokens, len(steps))
                 if n == 0:
-                    states = {l: chunk["last_prompt"][l][r : r + 1] for l in self.layers}
+                    states = {l: chunk["last_prompt"][l][i : i + 1] for l in self.layers}
                 else:
-                    states = {l: torch.stack([steps[t][l][r] for t in range(n)]) for l in self.layers}
+                    states = {l: torch.stack([chunk["steps"][t][l][steps[t]] for t in range(n)])
+                              for l in self.layers}
                 out.append(Capture(states=states, n_tokens=comp.completion_tokens))
         return out
+
+
+def _unpadded_ids(args, kwargs) -> list[list[int]] | None:
+    """The prefill's prompts (padding removed by the attention mask), or None when not passed as ids."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    mask = kwargs.get("attention_mask")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return None
+    if mask is None or not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
+        return [row.tolist() for row in ids]
+    return [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+
+
+def _row_map(chunk: dict, prompts: list[list[int]], comps, stop: bool) -> list[list[int]] | None:
+    """Per completion, its tensor row at each recorded step; None when that cannot be established."""
+    if chunk["prompts"] != [list(p) for p in prompts]:
+        return None  # prompts reordered, batched differently, or not seen
+    size = len(prompts)
+    widths = [next(iter(s.values())).shape[0] for s in chunk["steps"]]
+    if all(w == size for w in widths):  # no row left the batch: rows keep their index
+        return [[i] * len(widths) for i in range(size)]
+    if stop:
+        return None  # a stop-string row ran on past its cut for an unknown number of steps
+    fed = [c.completion_tokens - (c.finish_reason == "length") for c in comps]
+    rows: list[list[int]] = [[] for _ in range(size)]
+    for t, w in enumerate(widths):
+        active = [i for i in range(size) if fed[i] > t]
+        if len(active) != w:
+            return None
+        for r, i in enumerate(active):
+            rows[i].append(r)
+    if any(len(rows[i]) < fed[i] for i in range(size)):
+        return None
+    return rows

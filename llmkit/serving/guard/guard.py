@@ -231,9 +231,18 @@ class Guard:
     def generate(self, engine, prompts_messages: list[list[dict]], params) -> list[tuple[str, dict]]:
         """Generate responses and check them: ``[(text, check result), ...]``.
 
-        On the transformers engine the states are recorded during generation
-        (:class:`GenerationRecorder`: no second forward pass); on other engines this
-        is ``generate`` followed by :meth:`check_batch`.
+        On an engine with in-process transformers weights the states are recorded
+        during generation (:class:`GenerationRecorder`: no second forward pass), one
+        engine call per ``engine.batch_size`` prompts. Recorded rows are matched to
+        responses by the prefill's prompt ids and, where llmkit's greedy loop drops
+        finished rows mid-batch, by each row's number of fed tokens (EOS: all of
+        them; length limit: all but the last). Where that mapping cannot be
+        guaranteed (prompts reordered or batched differently by the engine; rows
+        cut by stop strings at different steps) those responses get the
+        teacher-forced pass of :meth:`check_batch` instead. Scores equal the
+        teacher-forced ones except that a length-cut response has no state for its
+        last token (tests/test_guard.py checks both). Other engines:
+        ``generate`` followed by :meth:`check_batch`.
         """
         from llmkit.serving.guard.capture import GenerationRecorder
 
@@ -243,16 +252,23 @@ class Guard:
             texts = [c[0].text for c in engine.generate(prompts, params)]
             return list(zip(texts, self.check_batch(engine, prompts_messages, texts)))
         self._check_model(model)
+        tok = engine.tokenizer
         step = max(1, int(getattr(engine, "batch_size", len(prompts)) or len(prompts)))
-        comps, sizes = [], []
+        comps, prompt_ids = [], []
         with GenerationRecorder(model, self.layers) as rec:
             for start in range(0, len(prompts), step):  # one engine call per batch: rows map to batches
                 chunk = prompts[start : start + step]
                 comps += [c[0] for c in engine.generate(chunk, params)]
-                sizes.append(len(chunk))
-        caps = rec.captures(comps, sizes)
+                prompt_ids.append(tok(chunk, add_special_tokens=False)["input_ids"])
+        caps = rec.captures(comps, prompt_ids, stop=any(params.stop))
         for c in caps:
-            c.states = {l: s[: self.max_response_tokens] for l, s in c.states.items()}
+            if c is not None:
+                c.states = {l: s[: self.max_response_tokens] for l, s in c.states.items()}
+        missing = [i for i, c in enumerate(caps) if c is None]
+        if missing:  # rows whose recorded states cannot be attributed: teacher-forced pass
+            convs = [[*prompts_messages[i], {"role": "assistant", "content": comps[i].text}] for i in missing]
+            for i, c in zip(missing, self.capture(model, tok, convs)):
+                caps[i] = c
         z = self.layer_z(caps)
         return [(comps[i].text, self._result(z[i], caps[i].n_tokens)) for i in range(len(caps))]
 
