@@ -42,8 +42,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from llmkit.engines.stream import StreamRequest
 from llmkit.generation import GenerationParams
 from llmkit.serving.metrics import Metrics, MetricsMiddleware
-from llmkit.serving.protocol import (APIError, ChatRequest, CompletionRequest, error_body, new_id, now, parse,
-                                     usage)
+from llmkit.serving.protocol import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    error_body,
+    new_id,
+    now,
+    parse,
+    usage,
+)
 
 GUARD_ACTIONS = ("annotate", "block", "correct")
 REFUSAL = "I can't help with that request."
@@ -211,7 +219,7 @@ class _Server:
             while pending:
                 try:
                     i, ev = await asyncio.wait_for(q.get(), timeout=1.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if await request.is_disconnected():
                         raise _ClientGone() from None
                     continue
@@ -324,7 +332,7 @@ class _Server:
                 messages = [{"role": m.role, "content": m.text()} for m in req.messages]
                 try:
                     prompt = self.engine.chat_prompt(messages)
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - any template failure is a 400 for these messages
                     raise APIError(400, f"the chat template rejected these messages: {e}", param="messages")
                 prompt_ids, messages_list = [self.encode(prompt)], [messages]
             else:
