@@ -197,3 +197,77 @@ def test_per_query_baseline_charges_every_query(tmp_path):
     for _ in range(3):
         a = base.ask(Q1)
     assert len(up.calls) == 3 and a.spent == pytest.approx(3 * 200.0 * 7)
+
+
+def test_cloud_accuracy_counts_evicted_entries_and_persists(tmp_path):
+    path = tmp_path / "c.sqlite"
+    store = CacheStore(path, capacity=2, policy=MultiFactorPolicy())
+    assert store.cloud_accuracy("u") is None
+    for i, acc in enumerate([0.2, 0.9, 0.95]):
+        store.tick("u")
+        store.add("u", f"q{i}", _unit(np.eye(4)[i]), "r", acc)
+    assert [e.query for e in store.entries("u")] == ["q1", "q2"]  # the inaccurate one was evicted ...
+    assert store.cloud_accuracy("u") == pytest.approx((0.2 + 0.9 + 0.95) / 3)  # ... but still counts
+    store.close()
+    assert CacheStore(path, capacity=2).cloud_accuracy("u") == pytest.approx((0.2 + 0.9 + 0.95) / 3)
+    legacy = CacheStore(tmp_path / "old.sqlite", capacity=4)
+    legacy.add("u", "q", _unit([1, 0]), "r", 0.6)
+    legacy.add("u", "q2", _unit([0, 1]), "r", 0.8)
+    legacy._db.execute("DROP TABLE cloud_calls")  # a cache written before the table existed
+    legacy.close()
+    assert CacheStore(tmp_path / "old.sqlite", capacity=4).cloud_accuracy("u") == pytest.approx(0.7)
+
+
+class _TableMech:
+    """Perturbs q to 'P:q'; the tests choose each text's embedding, hence each entry's fidelity."""
+
+    name = "table"
+
+    def query_epsilon(self, text):
+        return 10.0
+
+    def perturb(self, text, rng):
+        from llmkit.serving.ldp_cache.mechanism import Perturbed
+
+        return Perturbed("P:" + text, 10.0, 1)
+
+
+def test_eviction_does_not_raise_the_bar_for_hits(tmp_path):
+    """E[acc | cloud] is the mean over every cloud call: evicting the inaccurate entry must not make the
+    cache stricter. (Averaging only the survivors gave 0.97 here, gain 0.97 - 0.97*0.88 = 0.116 > 0.1:
+    a miss; the mean over all calls, 0.81, makes the close, accurate entry reusable.)"""
+    e = np.eye(8, dtype=np.float32)
+    vec = {"qa": e[0], "P:qa": _unit(0.5 * e[0] + math.sqrt(0.75) * e[4]),
+           "qb": e[1], "P:qb": _unit(0.97 * e[1] + math.sqrt(1 - 0.97**2) * e[5]),
+           "qc": e[2], "P:qc": _unit(0.97 * e[2] + math.sqrt(1 - 0.97**2) * e[6]),
+           "qb2": _unit(0.88 * e[1] + math.sqrt(1 - 0.88**2) * e[3])}
+    for policy in (MultiFactorPolicy(), LRUPolicy()):
+        up = Recorder()
+        cache = LDPCache(up, PrivacyLedger(":memory:", 1e9), CacheStore(capacity=2, policy=policy), _TableMech(),
+                         lambda texts: np.stack([vec[t] for t in texts]), LDPScheduler(50.0, 0.8, 0.1))
+        for q in ("qa", "qb", "qc"):
+            assert not cache.ask(q).cache_hit
+        assert [x.query for x in cache.store.entries("default")] == ["qb", "qc"]
+        a = cache.ask("qb2")
+        assert a.cache_hit and a.similarity == pytest.approx(0.88, abs=1e-5) and len(up.calls) == 3
+
+
+def test_frequency_factor_keeps_the_hot_entry_that_lru_evicts(tmp_path):
+    """Entry q0 answered many hits but not lately; q1 was inserted later and never reused."""
+    kept = {}
+    for name, policy in (("lru", LRUPolicy()), ("mf", MultiFactorPolicy()),
+                         ("mf+freq", MultiFactorPolicy(w_frequency=2.0))):
+        store = CacheStore(capacity=2, policy=policy)
+        store.tick("u")
+        store.add("u", "q0", _unit(np.eye(4)[0]), "r", 0.9)
+        for _ in range(8):
+            store.tick("u")
+            store.touch("u", store.entries("u")[0].id)
+        store.tick("u")
+        store.add("u", "q1", _unit(np.eye(4)[1]), "r", 0.9)
+        for _ in range(2):
+            store.tick("u")
+        store.add("u", "q2", _unit(np.eye(4)[2]), "r", 0.9)
+        kept[name] = [e.query for e in store.entries("u")]
+    assert kept["lru"] == kept["mf"] == ["q1", "q2"]  # q0 was used longest ago
+    assert kept["mf+freq"] == ["q0", "q2"]

@@ -166,8 +166,8 @@ class LDPCache:
                 self.store.tick(user)
                 emb = self.embedder([key])[0]
                 entry, sim = self.store.best_for_reuse(user, emb)
-                entries = self.store.entries(user)
-                cloud_acc = float(np.mean([e.accuracy for e in entries])) if entries else 1.0
+                cloud_acc = self.store.cloud_accuracy(user)
+                cloud_acc = 1.0 if cloud_acc is None else cloud_acc
                 decided = self.scheduler.decide(entry, sim, bit_rng, cloud_acc)
                 if decided.hit:
                     self.store.touch(user, decided.entry.id)

@@ -11,8 +11,11 @@ earlier raw queries through the cache), so it must itself satisfy LDP.
          gain = E[acc | cloud] - E[acc | reuse],  E[acc | reuse] = acc_entry * max(sim, 0),
      acc_entry is the fidelity cos(emb(query), emb(perturbed query)) of the cloud call that
      filled the entry (the device knows both texts; a heavily garbled query gets a worse
-     answer), and E[acc | cloud] is the mean fidelity over the user's cached entries
-     (per user: another user's data must not steer this user's bit);
+     answer), and E[acc | cloud] is the mean fidelity over all of the user's cloud calls,
+     evicted entries included (per user: another user's data must not steer this user's
+     bit; all calls, not the cached ones: the survivors of eviction are a selected sample,
+     and averaging them made the hit test depend on the eviction policy, see
+     :mod:`.eviction`);
   2. the released decision is randomized response on b with epsilon ``rr_epsilon``
      (eps-LDP for any bit, see :mod:`.mechanism`); everything downstream (calling the
      upstream, which entry answers) depends only on the released bit, so it is

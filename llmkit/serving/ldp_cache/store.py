@@ -6,7 +6,9 @@ per user for the similarity search. Each user has their own namespace: sharing
 entries across users would let one user's private queries steer another user's
 (observable) hit/miss pattern. A capacity limit per user is enforced on insert by
 an eviction policy (:mod:`.eviction`). A logical clock (queries seen) drives
-recency, so behaviour does not depend on wall time.
+recency, so behaviour does not depend on wall time. Per user it also keeps the count
+and accuracy sum of every entry ever inserted (one per cloud call), for the scheduler's
+E[accuracy | cloud call] (:meth:`CacheStore.cloud_accuracy`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ CREATE TABLE IF NOT EXISTS entries (
 );
 CREATE INDEX IF NOT EXISTS entries_user ON entries(user);
 CREATE TABLE IF NOT EXISTS clocks (user TEXT PRIMARY KEY, now INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS cloud_calls (user TEXT PRIMARY KEY, n INTEGER NOT NULL, total REAL NOT NULL);
 """
 
 
@@ -53,6 +56,8 @@ class _UserCache:
         self.entries: list[Entry] = []
         self.emb = np.zeros((0, dim), np.float32)
         self.now = 0
+        self.calls = 0  # entries ever inserted (= cloud calls cached), evicted ones included
+        self.accuracy_total = 0.0  # sum of their accuracy estimates
 
 
 class CacheStore:
@@ -90,6 +95,11 @@ class CacheStore:
             uc.emb = np.stack([np.frombuffer(r[7], np.float32) for r in rows])
         row = self._db.execute("SELECT now FROM clocks WHERE user=?", (user,)).fetchone()
         uc.now = row[0] if row else 0
+        row = self._db.execute("SELECT n, total FROM cloud_calls WHERE user=?", (user,)).fetchone()
+        if row:
+            uc.calls, uc.accuracy_total = row
+        else:  # a cache written before this table existed: start from the entries it holds
+            uc.calls, uc.accuracy_total = len(uc.entries), float(sum(e.accuracy for e in uc.entries))
         self._users[user] = uc
         return uc
 
@@ -109,6 +119,17 @@ class CacheStore:
     def entries(self, user: str) -> list[Entry]:
         with self._lock:
             return list(self._user(user).entries)
+
+    def cloud_accuracy(self, user: str) -> float | None:
+        """Mean accuracy estimate over every entry ever inserted for the user (None before the first).
+
+        This is the scheduler's E[accuracy | cloud call]. It counts evicted entries too: the
+        entries that survive eviction are a selected sample (a policy that keeps accurate
+        entries would inflate the mean and so raise the bar for every later hit).
+        """
+        with self._lock:
+            uc = self._user(user)
+            return uc.accuracy_total / uc.calls if uc.calls else None
 
     def nearest(self, user: str, embedding: np.ndarray) -> tuple[Entry | None, float]:
         """The most similar cached entry and its cosine similarity ((None, -1) when empty)."""
@@ -157,12 +178,18 @@ class CacheStore:
                 "VALUES (?, ?, ?, ?, ?, ?, ?)", (user, query, emb.tobytes(), response, float(accuracy),
                                                  uc.now, uc.now))
             uc.entries.append(Entry(cur.lastrowid, query, response, float(accuracy), uc.now, uc.now, 0))
+            uc.calls += 1
+            uc.accuracy_total += float(accuracy)
+            self._db.execute("INSERT INTO cloud_calls(user, n, total) VALUES (?, ?, ?) "
+                             "ON CONFLICT(user) DO UPDATE SET n=excluded.n, total=excluded.total",
+                             (user, uc.calls, uc.accuracy_total))
             uc.emb = np.concatenate([uc.emb.reshape(-1, emb.shape[0]), emb[None]], 0)
             evicted = []
             while len(uc.entries) > self.capacity:
                 view = EntryView(uc.emb, np.array([e.accuracy for e in uc.entries]),
                                  np.array([e.last_used for e in uc.entries], float),
-                                 np.array([e.created for e in uc.entries], float), uc.now)
+                                 np.array([e.created for e in uc.entries], float), uc.now,
+                                 np.array([e.hits for e in uc.entries], float))
                 i = self.policy.victim(view, newest=len(uc.entries) - 1)
                 victim = uc.entries.pop(i)
                 uc.emb = np.delete(uc.emb, i, axis=0)
