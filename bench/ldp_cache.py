@@ -622,6 +622,13 @@ def main(argv=None) -> int:
         default=None,
         help="use a running OpenAI-compatible server instead of starting `llmkit serve`",
     )
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="model name to request (default: the upstream's first listed model). With --answers "
+        "holding every answer, --upstream http://127.0.0.1:9 --model NAME replays a run without a server "
+        "(a missing answer then fails loudly)",
+    )
     args = ap.parse_args(argv)
     q = args.quick
     kinds = [k.strip() for k in args.workloads.split(",") if k.strip()]
@@ -691,7 +698,7 @@ def main(argv=None) -> int:
             print(f"starting llmkit serve on port {port} ...", flush=True)
             proc = start_server(port)
             url = f"http://127.0.0.1:{port}"
-        up = MemoUpstream(OpenAIUpstream(url, timeout=3600.0), args.answers)
+        up = MemoUpstream(OpenAIUpstream(url, model=args.model, timeout=3600.0), args.answers)
         model = up.upstream.model
         plain = up  # the no-privacy reference: unperturbed questions, same memo
 
@@ -840,6 +847,8 @@ def main(argv=None) -> int:
                 proc.kill()
 
     where = f"at {args.upstream}" if args.upstream else "behind llmkit serve --threads 1"
+    if args.answers is not None and up.calls == 0:
+        where = f"(every answer replayed from {args.answers}; no LLM call in this invocation)"
     print(
         f"model: {model} {where}; capacity {capacity}; eps/token "
         f"{args.epsilon_per_token:g}; rr eps {args.rr_epsilon:g}; {max_tokens} answer tokens; {repeats} "
