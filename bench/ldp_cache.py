@@ -30,6 +30,26 @@ Workloads (from GSM8K train, ../shared/data/gsm8k/train.jsonl; both are reported
     Sizes: quick uniform 6 problems / 12 visits, zipf pool 12 / 12 visits; full
     uniform 20 / 45, zipf pool 40 / 45.
 
+    uniform_arith, zipf_arith  (added in session 3b; the two above are unchanged) the
+              same streams (same visit structure, templates, uniform / Zipf visit
+              choice, sizes, capacity and privacy parameters) over a second problem set
+              that the bundled model can answer, so that accuracy separates the arms
+              (on the sets above the model gets ~0% right even without privacy).
+              Construction, fixed before any model run on it: GSM8K train problems
+              of at most 45 words (no step limit), shuffled with the same seed; from
+              each, the first calculator annotation <<a op b=c>> of the solution with
+              a, b, c plain non-negative integers, op one of + - * /, a op b == c
+              exactly (checked, so GSM8K's rare wrong annotations are skipped) and
+              a, b, c <= 100; the problem's text without its last sentence (the
+              question) is kept as context, so the entities stay and different
+              problems stay semantically distinct; the question becomes
+              "<context> What is <a> plus|minus|times|divided by <b>?" with gold
+              answer c. Problems without such an annotation, or of one sentence,
+              are skipped. Example: "Natalia sold clips to 48 of her friends in
+              April, and then she sold half as many clips in May. What is 48
+              divided by 2?" -> 24. Results go to ldp_cache_arith[_quick].json; their
+              figure keys end in _uniform_arith / _zipf_arith.
+
 Pipeline
     The bundled model is served by ``llmkit serve`` (started here as a subprocess). Every
     query sent upstream is perturbed by the token exponential mechanism (eps per word piece,
@@ -84,6 +104,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,7 +120,7 @@ TEMPLATES = [
     "Please work out the following. {q}",
     "Here is a word problem for you. {q} What is the answer?",
 ]
-WORKLOADS = ("uniform", "zipf")
+WORKLOADS = ("uniform", "zipf", "uniform_arith", "zipf_arith")
 ZIPF_S = 1.0
 
 
@@ -115,6 +136,58 @@ def load_problems(path: Path, n: int, seed: int, max_steps: int = 2) -> list[dic
                 sys.exit(f"{path}:{line_no}: not a GSM8K record ({e})")
             if r["answer"].count("<<") <= max_steps and len(r["question"].split()) <= 45:
                 rows.append({"question": r["question"], "gold": gold})
+    random.Random(seed).shuffle(rows)
+    return rows[:n]
+
+
+ARITH_WORDS = {"+": "plus", "-": "minus", "*": "times", "/": "divided by"}
+ARITH_MAX = 100  # operands and result at most this (one-step arithmetic a 135M model can do)
+_ANNOTATION = re.compile(r"<<(\d+)([-+*/])(\d+)=(\d+)>>")
+
+
+def arith_question(question: str, answer: str, max_value: int = ARITH_MAX) -> dict | None:
+    """A GSM8K problem reduced to its first one-step calculator annotation, or None.
+
+    See the module docstring (uniform_arith / zipf_arith) for the construction.
+    """
+    from fractions import Fraction
+
+    for a, op, b, c in _ANNOTATION.findall(answer):
+        x, y, z = int(a), int(b), int(c)
+        if max(x, y, z) > max_value:
+            continue
+        if op == "/" and y == 0:
+            continue
+        exact = {"+": x + y, "-": x - y, "*": x * y, "/": Fraction(x, y) if y else None}[op]
+        if exact != z:
+            continue
+        sentences = re.split(r"(?<=[.?!])\s+", question.strip())
+        if len(sentences) < 2:
+            return None
+        context = " ".join(sentences[:-1])
+        return {
+            "question": f"{context} What is {x} {ARITH_WORDS[op]} {y}?",
+            "gold": str(z),
+            "annotation": f"{x}{op}{y}={z}",
+            "source": question,
+        }
+    return None
+
+
+def load_arith_problems(path: Path, n: int, seed: int) -> list[dict]:
+    """The uniform_arith / zipf_arith problem set (module docstring)."""
+    rows = []
+    with open(path) as f:
+        for line_no, line in enumerate(f, 1):
+            try:
+                r = json.loads(line)
+                q, a = r["question"], r["answer"]
+            except (ValueError, KeyError) as e:
+                sys.exit(f"{path}:{line_no}: not a GSM8K record ({e})")
+            if len(q.split()) <= 45:
+                p = arith_question(q, a)
+                if p is not None:
+                    rows.append(p)
     random.Random(seed).shuffle(rows)
     return rows[:n]
 
@@ -169,7 +242,7 @@ def build_zipf(problems: list[dict], visits: int, seed: int, s: float = ZIPF_S) 
 
 
 def build(kind: str, problems: list[dict], visits: int, seed: int) -> list[dict]:
-    return {"uniform": build_uniform, "zipf": build_zipf}[kind](problems, visits, seed)
+    return {"uniform": build_uniform, "zipf": build_zipf}[kind.removesuffix("_arith")](problems, visits, seed)
 
 
 def last_number(text: str) -> str | None:
@@ -344,15 +417,26 @@ def run_cache(
                 "correct": score and correct(a.text, q["gold"]),
                 "agree": score and correct(a.text, q.get("ref")),
                 "wrong_problem": score and a.cache_hit and owner.get(a.text, q["problem"]) != q["problem"],
+                # the no-cache arm's answer to this same query (same perturbed text), when known
+                "no_cache_correct": bool(q.get("no_cache_correct")),
+                "text": a.text,
             }
         )
     n = len(rows)
+    hits = [r for r in rows if r["hit"]]
+    wrong_reuse = Counter(r["text"] for r in hits if score and not r["correct"])
     return {
         "hit_ratio": sum(r["hit"] for r in rows) / n,
         "epsilon_per_query": sum(r["epsilon"] for r in rows) / n,
         "accuracy": sum(r["correct"] for r in rows) / n,
         "agreement": sum(r["agree"] for r in rows) / n,
         "false_hit_rate": sum(r["wrong_problem"] for r in rows) / n,
+        # accuracy differences come only from hits (a miss sends the no-cache arm's text, CRN):
+        "hits": len(hits),
+        "hits_correct": sum(r["correct"] for r in hits),
+        "hits_correct_no_cache": sum(r["no_cache_correct"] for r in hits),
+        # most hits answered with one and the same wrong cached answer
+        "max_hits_per_wrong_answer": max(wrong_reuse.values(), default=0),
     }
 
 
@@ -572,7 +656,12 @@ def plot(result: dict, path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small workloads (several minutes on 1 core)")
-    ap.add_argument("--workloads", default="uniform,zipf", help="comma list of: uniform, zipf")
+    ap.add_argument(
+        "--workloads",
+        default="uniform,zipf",
+        help="comma list of: uniform, zipf, uniform_arith, zipf_arith (the _arith ones are written to "
+        "ldp_cache_arith[_quick].json)",
+    )
     ap.add_argument(
         "--problems", type=int, default=None, help="uniform: distinct problems (quick 6, full 20)"
     )
@@ -637,6 +726,7 @@ def main(argv=None) -> int:
             print(f"unknown workload {k!r} (choose from {', '.join(WORKLOADS)})", file=sys.stderr)
             return 2
     sizes = {"uniform": args.problems or (6 if q else 20), "zipf": args.pool or (12 if q else 40)}
+    sizes.update({k + "_arith": v for k, v in sizes.items()})
     visits = args.visits or (12 if q else 45)
     capacity = args.capacity or (3 if q else 8)
     max_tokens = args.max_tokens
@@ -663,7 +753,12 @@ def main(argv=None) -> int:
     )
     from llmkit.serving.ldp_cache.embedder import MiniLMEmbedder
 
-    problem_sets = {k: load_problems(args.data, sizes[k], args.seed, args.max_steps) for k in kinds}
+    problem_sets = {
+        k: load_arith_problems(args.data, sizes[k], args.seed)
+        if k.endswith("_arith")
+        else load_problems(args.data, sizes[k], args.seed, args.max_steps)
+        for k in kinds
+    }
     streams = {k: build(k, problem_sets[k], visits, args.seed) for k in kinds}
     for k in kinds:
         qs = streams[k]
@@ -671,7 +766,8 @@ def main(argv=None) -> int:
             (sum(x["problem"] == p for x in qs) for p in {x["problem"] for x in qs}), reverse=True
         )
         print(
-            f"workload {k}: {len(qs)} queries, {len(counts)} distinct GSM8K train problems "
+            f"workload {k}: {len(qs)} queries, {len(counts)} distinct GSM8K train problems"
+            f"{' (one-step arithmetic from their annotations)' if k.endswith('_arith') else ''} "
             f"(queries per problem {counts}), {visits} visits of 2-4 templated variants",
             flush=True,
         )
@@ -762,6 +858,8 @@ def main(argv=None) -> int:
             for x in qs:  # the no-privacy answer's final number, for the agreement measure
                 x["ref"] = last_number(plain_text[x["problem"]])
             no_cache["agreement"] = sum(correct(a.text, x["ref"]) for a, x in zip(answers, qs)) / n
+            for a, x in zip(answers, qs):
+                x["no_cache_correct"] = correct(a.text, x["gold"])
             acc_plain_problems = sum(plain_ok.values()) / len(plain_ok)
             acc_plain_queries = sum(plain_ok[x["problem"]] for x in qs) / n  # weighted like the stream
 
@@ -865,7 +963,8 @@ def main(argv=None) -> int:
             f"LDPCache {mf['epsilon_per_query']:.1f} -> budget_saving {saving:.3f}"
         )
         print(
-            f"[{k}] accuracy (GSM8K, same model, same perturbed queries; {r['queries']} queries): no cache "
+            f"[{k}] accuracy ({'one-step arithmetic from GSM8K' if k.endswith('_arith') else 'GSM8K'}, same "
+            f"model, same perturbed queries; {r['queries']} queries): no cache "
             f"{nc['accuracy']:.3f}, LDPCache {mf['accuracy']:.3f}, LRU {lru['accuracy']:.3f}; no privacy "
             f"(plain ask per problem) {r['accuracy_plain_queries']:.3f} per query, "
             f"{r['accuracy_plain_problems']:.3f} per problem ({r['problems']} problems)"
@@ -873,6 +972,12 @@ def main(argv=None) -> int:
         print(
             f"[{k}] agreement with the no-privacy answer (same final number as the plain ask): no cache "
             f"{nc['agreement']:.3f}, LDPCache {mf['agreement']:.3f}, LRU {lru['agreement']:.3f}"
+        )
+        print(
+            f"[{k}] where accuracy differs (only hits can differ; mean over scheduler seeds): LDPCache hits "
+            f"{mf['hits']:.1f} of {r['queries']}, correct {mf['hits_correct']:.1f} with the cached answer vs "
+            f"{mf['hits_correct_no_cache']:.1f} with the no-cache arm's own answer to the same queries; one "
+            f"wrong cached answer served up to {mf['max_hits_per_wrong_answer']:.1f} hits"
         )
         print(
             f"[{k}] hit ratio at capacity {capacity} ({repeats} scheduler seeds): multi-factor "
@@ -889,7 +994,10 @@ def main(argv=None) -> int:
                 f"paired diff {c['diff']['mean']:+.3f} (se {c['diff']['se']:.3f}), multi-factor higher in "
                 f"{c['share_multifactor_higher']:.0%}, equal in {c['share_equal']:.0%}"
             )
-        sfx = "" if k == "zipf" or "zipf" not in kinds else "_" + k
+        if k in ("uniform", "zipf"):
+            sfx = "" if k == "zipf" or "zipf" not in kinds else "_" + k
+        else:
+            sfx = "_" + k
         figures.update(
             {
                 f"budget_saving{sfx}": round(saving, 4),
@@ -902,6 +1010,12 @@ def main(argv=None) -> int:
                 f"agreement_cache{sfx}": round(mf["agreement"], 4),
                 f"agreement_lru{sfx}": round(lru["agreement"], 4),
                 f"accuracy_plain_no_privacy{sfx}": round(r["accuracy_plain_queries"], 4),
+                f"accuracy_on_hits_cache{sfx}": round(mf["hits_correct"] / mf["hits"], 4)
+                if mf["hits"]
+                else None,
+                f"accuracy_on_hits_no_cache{sfx}": round(mf["hits_correct_no_cache"] / mf["hits"], 4)
+                if mf["hits"]
+                else None,
                 f"budget_saving_lru{sfx}": round(1.0 - lru["epsilon_per_query"] / nc["epsilon_per_query"], 4),
                 f"hit_ratio_gptcache_not_private{sfx}": round(arms["gptcache_threshold"]["hit_ratio"], 4),
                 f"hit_ratio_unbounded{sfx}": round(arms["ldpcache_unbounded"]["hit_ratio"], 4),
@@ -920,7 +1034,10 @@ def main(argv=None) -> int:
 
     out_dir = REPO / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = "ldp_cache_quick" if q else "ldp_cache"
+    arith = [k.endswith("_arith") for k in kinds]
+    stem = (
+        "ldp_cache" + ("_arith" if all(arith) else "_mixed" if any(arith) else "") + ("_quick" if q else "")
+    )
     result = {
         "figures": figures,
         "workloads": results,

@@ -139,3 +139,96 @@ def test_hit_ratio_does_not_depend_on_the_response_text():
         )
         assert with_text["hit_ratio"] == stub["hit_ratio"] and 0 < stub["hit_ratio"] < 1
         assert with_text["epsilon_per_query"] == stub["epsilon_per_query"]
+
+
+# --- the one-step arithmetic workloads (uniform_arith / zipf_arith) ---
+
+
+def test_arith_question_takes_the_first_fitting_annotation_and_keeps_the_context():
+    q = (
+        "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+        "How many clips did Natalia sell altogether in April and May?"
+    )
+    a = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72"
+    p = B.arith_question(q, a)
+    assert p == {
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many "
+        "clips in May. What is 48 divided by 2?",
+        "gold": "24",
+        "annotation": "48/2=24",
+        "source": q,
+    }
+
+
+@pytest.mark.parametrize(
+    ("answer", "annotation", "phrase"),
+    [
+        ("x <<12/60=0.2>>0.2 y <<0.2*50=10>>10 z <<7*8=56>>56", "7*8=56", "7 times 8"),  # decimals skipped
+        ("<<100-50-30-15=5>>5 then <<9-4=5>>5", "9-4=5", "9 minus 4"),  # multi-step skipped
+        ("<<120-36=84>>84 then <<36+4=40>>40", "36+4=40", "36 plus 4"),  # > 100 skipped
+        ("<<3*4=13>>13 then <<3*4=12>>12", "3*4=12", "3 times 4"),  # a wrong annotation is skipped
+        ("<<7/2=3>>3 then <<8/2=4>>4", "8/2=4", "8 divided by 2"),  # inexact division skipped
+    ],
+)
+def test_arith_question_checks_the_annotation(answer, annotation, phrase):
+    p = B.arith_question("Tom has some apples. How many now?", answer)
+    assert p["annotation"] == annotation and p["question"] == f"Tom has some apples. What is {phrase}?"
+    a, rest = annotation.split("=")[0], annotation.split("=")[1]
+    assert p["gold"] == rest and int(rest) == eval(a.replace("/", "//"))
+
+
+def test_arith_question_skips_problems_without_a_usable_annotation_or_context():
+    assert B.arith_question("Tom has apples. How many?", "<<120*2=240>>240 <<1.5*2=3>>3") is None
+    assert B.arith_question("How many apples does Tom have?", "<<2+3=5>>5") is None  # one sentence
+
+
+def test_arith_problem_set_from_gsm8k_train_has_correct_gold_answers():
+    if not B.DATA.is_file():
+        pytest.skip("GSM8K train not present")
+    ps = B.load_arith_problems(B.DATA, 40, seed=0)
+    assert len(ps) == 40 and ps == B.load_arith_problems(B.DATA, 40, seed=0)
+    assert len({p["question"] for p in ps}) == 40
+    for p in ps:
+        m = B._ANNOTATION.fullmatch(f"<<{p['annotation']}>>")
+        x, op, y, z = int(m[1]), m[2], int(m[3]), int(m[4])
+        assert p["gold"] == str(z) and max(x, y, z) <= B.ARITH_MAX
+        assert {"+": x + y, "-": x - y, "*": x * y, "/": x / y}[op] == z
+        assert p["question"].endswith(f"What is {x} {B.ARITH_WORDS[op]} {y}?")
+        context = p["question"].rsplit(" What is ", 1)[0]
+        words = p["source"].split()  # the context is the source minus its last sentence (spaces normalized)
+        assert (
+            " ".join(words).startswith(context) and len(context) < len(" ".join(words)) and len(words) <= 45
+        )
+
+
+@pytest.mark.parametrize("kind", ["uniform_arith", "zipf_arith"])
+def test_arith_workloads_have_the_same_visit_structure(kind):
+    base = kind.removesuffix("_arith")
+    assert B.build(kind, PROBLEMS, 30, seed=5) == B.build(base, PROBLEMS, 30, seed=5)
+    ps = [{"question": f"Tom has {i} apples. What is {i} plus 2?", "gold": str(i + 2)} for i in range(12)]
+    for _, pid, group in visits_of(B.build(kind, ps, 30, seed=5)):
+        assert 2 <= len(group) <= 4 and len({q["template"] for q in group}) == len(group)
+        assert all(ps[pid]["question"] in q["text"] and q["gold"] == str(pid + 2) for q in group)
+
+
+def test_run_cache_counts_hit_accuracy_against_the_no_cache_answer():
+    """Accuracy can only differ on hits; the bench reports them with the no-cache arm's answer."""
+    qs = B.build_zipf(PROBLEMS, 30, seed=2)
+    for x in qs:
+        x["no_cache_correct"] = True
+    emb = B.MemoEmbedder(HashEmbedder())
+    r = B.run_cache(
+        qs,
+        mech(),
+        emb,
+        lambda m, **p: "The answer is 1.",
+        scheduler=LDPScheduler(3.0, 0.8, 0.2),
+        capacity=3,
+        policy="lru",
+        seed=[0],
+        bit_seed=7,
+        max_tokens=4,
+    )
+    assert 0 < r["hits"] < len(qs) and r["hits"] == round(r["hit_ratio"] * len(qs))
+    assert r["hits_correct"] == 0 and r["hits_correct_no_cache"] == r["hits"]
+    assert r["max_hits_per_wrong_answer"] == r["hits"]  # one answer text, wrong everywhere
