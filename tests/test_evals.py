@@ -214,6 +214,43 @@ def test_run_eval_scores_and_writes_samples(gsm8k_slice, tmp_path):
     assert rows[1]["score"]["flexible_extract"] == 0.0
 
 
+class InterruptingEngine(FakeEngine):
+    """Fails on its second generate call, like a run killed half-way."""
+
+    def generate(self, prompts, params, n=1, progress=False):
+        if len(self.calls) == 1:
+            self.calls.append((prompts, params, n))
+            raise KeyboardInterrupt
+        return super().generate(prompts, params, n, progress)
+
+
+def test_interrupted_run_resumes_from_saved_answers(gsm8k_slice, tmp_path):
+    answers = {"Natalia": ["#### 72"], "Weng": ["#### 11"], "Betty": ["The answer is 5."], "James": ["624"]}
+    first = InterruptingEngine(answers)
+    with pytest.raises(KeyboardInterrupt):
+        run_eval("gsm8k", first, data=gsm8k_slice, output_dir=tmp_path, progress=False, chunk_size=2)
+    ckpt = tmp_path / "gsm8k.partial.jsonl"
+    assert len(ckpt.read_text().splitlines()) == 2 and not (tmp_path / "gsm8k.jsonl").exists()
+
+    # same folder and settings: only the two unanswered prompts are generated
+    again = FakeEngine(answers)
+    s = run_eval("gsm8k", again, data=gsm8k_slice, output_dir=tmp_path, progress=False, chunk_size=2)
+    assert [len(c[0]) for c in again.calls] == [2] and s["reused_answers"] == 2
+    assert s["metrics"] == {"strict_match": 0.25, "flexible_extract": 0.75, "math_verify": 0.75}
+    rows = [json.loads(x) for x in Path(s["samples_file"]).read_text().splitlines()]
+    assert [r["output"] for r in rows] == ["#### 72", "#### 11", "The answer is 5.", "624"]
+    assert not ckpt.exists()  # removed once the full results are written
+
+    # different settings never reuse saved answers
+    first = InterruptingEngine(answers)
+    with pytest.raises(KeyboardInterrupt):
+        run_eval("gsm8k", first, data=gsm8k_slice, output_dir=tmp_path, progress=False, chunk_size=2)
+    other = FakeEngine(answers)
+    s = run_eval("gsm8k", other, data=gsm8k_slice, output_dir=tmp_path, progress=False, chunk_size=2,
+                 max_new_tokens=7)
+    assert sum(len(c[0]) for c in other.calls) == 4 and "reused_answers" not in s
+
+
 def test_run_eval_pass_at_k(gsm8k_slice):
     # 2 samples per prompt: only the first problem has one right answer of two
     eng = FakeEngine({"Natalia": ["#### 72", "#### 0"], "": ["#### 0"]})

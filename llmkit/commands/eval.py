@@ -31,8 +31,9 @@ def register(sub):
     p.add_argument("--max-model-len", type=positive_int, default=4096, help="vllm context length")
     p.add_argument("--enforce-eager", action="store_true", help="vllm without graph capture/compile "
                    "(starts much faster on CPU)")
-    p.add_argument("--output", default=None, help="output folder (default ./eval-runs/<time>); "
-                   "with compare: the PNG path (default ./eval-compare.png)")
+    p.add_argument("--output", default=None, help="output folder (default ./eval-runs/<time>); answers are saved "
+                   "there as they come, so rerunning an interrupted command with the same --output generates only "
+                   "what is missing; with compare: the PNG path (default ./eval-compare.png)")
     p.add_argument("--score-gold", action="store_true",
                    help="score the reference solutions as if they were model outputs (grader self-check)")
     p.set_defaults(func=run)

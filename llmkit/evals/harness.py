@@ -6,10 +6,17 @@ prompts go to the engine in one call (the engine batches), and each output is
 scored by the task. With ``n > 1`` samples per prompt the per-sample score is
 the mean over samples and ``pass@k`` (the unbiased estimator of Chen et al.
 2021) is reported for the primary metric.
+
+Long runs are resumable: with an ``output_dir``, answers are saved to
+``<task>.partial.jsonl`` after every ``chunk_size`` prompts (longest first), and a
+rerun with the same folder and settings generates only the prompts not yet
+answered there (a row is reused only if its prompt, model and generation settings
+match). The checkpoint is removed once ``<task>.jsonl`` is written.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from math import comb
@@ -25,6 +32,29 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
+def _file_stem(label: str) -> str:
+    return label.replace(":", "_").replace("/", "_")
+
+
+def _row_key(prompt: str, model: str, params, n: int) -> str:
+    """What must match for a saved answer to be reused: the prompt, the model and the generation settings."""
+    settings = json.dumps([model, params.max_new_tokens, params.temperature, params.top_p, list(params.stop),
+                           params.seed, n])
+    return hashlib.sha256((settings + "\x00" + prompt).encode()).hexdigest()
+
+
+def _load_checkpoint(path: Path) -> dict[str, dict]:
+    saved: dict[str, dict] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by an interruption: its prompts are generated again
+            saved[rec["key"]] = rec
+    return saved
+
+
 def _jsonable(x):
     return x if isinstance(x, (str, int, float, bool, type(None), list, dict)) else str(x)
 
@@ -32,14 +62,16 @@ def _jsonable(x):
 def run_eval(task, engine=None, *, data=None, limit: int | None = None, num_fewshot: int = 0,
              max_new_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
              n: int = 1, seed: int | None = 0, score_gold: bool = False, output_dir=None,
-             model: str | None = None, engine_name: str = "hf", progress: bool = True) -> dict:
+             model: str | None = None, engine_name: str = "hf", progress: bool = True,
+             chunk_size: int = 1024) -> dict:
     """Evaluate one task; return its summary dict (``accuracy`` = the task's primary metric).
 
     ``task``: a name (``"gsm8k"``, ``"math500"``, ``"iheval"``, ``"iheval:safety/user-prompt-hijack"``)
     or a Task object. ``engine``: an ``llmkit.engines`` Engine; if None one is made from
     ``engine_name``/``model`` (not needed with ``score_gold``, which scores the reference
     solutions instead of generations). ``output_dir``: if given, writes ``<task>.jsonl``
-    (one row per sample) there and returns the path in the summary.
+    (one row per sample) there and returns the path in the summary; answers are
+    checkpointed there every ``chunk_size`` prompts and reused by a rerun (module docstring).
     """
     from llmkit.generation import GenerationParams
 
@@ -63,17 +95,35 @@ def run_eval(task, engine=None, *, data=None, limit: int | None = None, num_fews
             outputs = [[task_obj.gold_output(s)] for s in samples]
         else:
             prompts = [task_obj.render(engine, s, num_fewshot) for s in samples]
+            model_id = str(getattr(engine, "model_name", model))
+            keys = [_row_key(p, model_id, params, n) for p in prompts]
+            ckpt = Path(output_dir) / f"{_file_stem(label)}.partial.jsonl" if output_dir is not None else None
+            saved = _load_checkpoint(ckpt) if ckpt is not None else {}
+            outputs = [saved[k]["outputs"] if k in saved else None for k in keys]
+            reused = sum(o is not None for o in outputs)
+            if reused and progress:
+                print(f"[{label}] reusing {reused} of {len(prompts)} answers saved in {ckpt}", flush=True)
             # longest first: batches of similar length waste less padding (hf), and the slowest
             # prompts start early (vllm); results go back to sample order
-            order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-            g0 = time.perf_counter()
-            done = engine.generate([prompts[i] for i in order], params, n=n, progress=progress)
-            gen_s = time.perf_counter() - g0
-            comps = [None] * len(prompts)
-            for i, c in zip(order, done):
-                comps[i] = c
-            gen_tokens = sum(c.completion_tokens for cs in comps for c in cs)
-            outputs = [[c.text for c in cs] for cs in comps]
+            order = sorted((i for i in range(len(prompts)) if outputs[i] is None), key=lambda i: -len(prompts[i]))
+            step = len(order) if ckpt is None else max(1, chunk_size)
+            if ckpt is not None:
+                ckpt.parent.mkdir(parents=True, exist_ok=True)
+            for start in range(0, len(order), step):
+                chunk = order[start : start + step]
+                g0 = time.perf_counter()
+                done = engine.generate([prompts[i] for i in chunk], params, n=n, progress=progress)
+                gen_s += time.perf_counter() - g0
+                lines = []
+                for i, cs in zip(chunk, done):
+                    outputs[i] = [c.text for c in cs]
+                    toks = sum(c.completion_tokens for c in cs)
+                    gen_tokens += toks
+                    lines.append(json.dumps({"key": keys[i], "outputs": outputs[i], "completion_tokens": toks},
+                                            ensure_ascii=False))
+                if ckpt is not None:
+                    with ckpt.open("a", encoding="utf-8") as f:
+                        f.write("\n".join(lines) + "\n")
     finally:
         if owns_engine:
             engine.close()
@@ -114,6 +164,8 @@ def run_eval(task, engine=None, *, data=None, limit: int | None = None, num_fews
         "completion_tokens": gen_tokens,
         "tokens_per_s": round(gen_tokens / gen_s, 2) if gen_s > 0 else None,
     }
+    if not score_gold and reused:
+        summary["reused_answers"] = reused  # wall_s, completion_tokens, tokens_per_s cover this run only
     if n > 1:
         prim = task_obj.primary
         for k in sorted({1, n}):
@@ -125,11 +177,12 @@ def run_eval(task, engine=None, *, data=None, limit: int | None = None, num_fews
     if output_dir is not None:
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        path = out / f"{label.replace(':', '_').replace('/', '_')}.jsonl"
+        path = out / f"{_file_stem(label)}.jsonl"
         with path.open("w", encoding="utf-8") as f:
             for r in rows:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
         summary["samples_file"] = str(path)
+        (out / f"{_file_stem(label)}.partial.jsonl").unlink(missing_ok=True)
     return summary
 
 
