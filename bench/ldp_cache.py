@@ -437,15 +437,42 @@ def run_cache(
         "hits_correct_no_cache": sum(r["no_cache_correct"] for r in hits),
         # most hits answered with one and the same wrong cached answer
         "max_hits_per_wrong_answer": max(wrong_reuse.values(), default=0),
+        "correct_per_problem": dict(Counter(q["problem"] for q, r in zip(queries, rows) if r["correct"])),
     }
 
 
 def mean_runs(runs: list[dict]) -> dict:
-    out = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
+    out = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0] if k != "correct_per_problem"}
+    pids = {p for r in runs for p in r["correct_per_problem"]}
+    out["correct_per_problem"] = {
+        p: sum(r["correct_per_problem"].get(p, 0) for r in runs) / len(runs) for p in pids
+    }
     out["hit_ratio_min"] = min(r["hit_ratio"] for r in runs)
     out["hit_ratio_max"] = max(r["hit_ratio"] for r in runs)
     out["hit_ratio_runs"] = [round(r["hit_ratio"], 4) for r in runs]
     return out
+
+
+def problem_bootstrap(queries: dict, a: dict, b: dict, draws: int = 4000, seed: int = 0) -> dict:
+    """Accuracy difference (a - b) with a 95% interval from resampling *problems* with replacement.
+
+    ``queries[p]`` = queries about problem p, ``a[p]`` / ``b[p]`` = correct answers among them. All
+    arms share one set of model answers, so the problems (not the scheduler seeds) are the unit of
+    sampling: a problem's queries are not independent (a cached answer is reused across them).
+    """
+    pids = sorted(queries)
+    rng = random.Random(seed)
+
+    def diff(sample):
+        return sum(a.get(p, 0) - b.get(p, 0) for p in sample) / sum(queries[p] for p in sample)
+
+    ds = sorted(diff(rng.choices(pids, k=len(pids))) for _ in range(draws))
+    return {
+        "diff": diff(pids),
+        "ci95": [ds[int(0.025 * draws)], ds[int(0.975 * draws) - 1]],
+        "share_below_0": sum(d < 0 for d in ds) / draws,
+        "problems": len(pids),
+    }
 
 
 def _stats(xs: list[float]) -> dict:
@@ -864,6 +891,7 @@ def main(argv=None) -> int:
             acc_plain_queries = sum(plain_ok[x["problem"]] for x in qs) / n  # weighted like the stream
 
             # cache arms at the same capacity, coupled to arm 1's perturbations (no new LLM calls)
+            no_cache["correct_per_problem"] = dict(Counter(x["problem"] for x in qs if x["no_cache_correct"]))
             arms = {"no_cache": no_cache}
             for name, policy in (("ldpcache_multifactor", "multifactor"), ("ldpcache_lru", "lru")):
                 runs = [
@@ -934,6 +962,27 @@ def main(argv=None) -> int:
                 "sweep": sw,
                 "sweep_seconds": round(time.time() - t1, 1),
                 "sample_queries": [x["text"] for x in qs[:4]],
+                "accuracy_diff_vs_no_cache": {
+                    name: problem_bootstrap(
+                        dict(Counter(x["problem"] for x in qs)),
+                        arms[name]["correct_per_problem"],
+                        no_cache["correct_per_problem"],
+                    )
+                    for name in ("ldpcache_multifactor", "ldpcache_lru")
+                },
+                "per_problem": {
+                    p: {
+                        "queries": sum(x["problem"] == p for x in qs),
+                        "question": problem_sets[k][p]["question"],
+                        "gold": problem_sets[k][p]["gold"],
+                        "plain_correct": plain_ok[p],
+                        "correct_no_cache": no_cache["correct_per_problem"].get(p, 0),
+                        "correct_ldpcache": round(
+                            arms["ldpcache_multifactor"]["correct_per_problem"].get(p, 0), 2
+                        ),
+                    }
+                    for p in sorted(plain_ok)
+                },
             }
         extra_calls = up.calls - calls_baseline
     finally:
@@ -979,6 +1028,15 @@ def main(argv=None) -> int:
             f"{mf['hits_correct_no_cache']:.1f} with the no-cache arm's own answer to the same queries; one "
             f"wrong cached answer served up to {mf['max_hits_per_wrong_answer']:.1f} hits"
         )
+        bs = r["accuracy_diff_vs_no_cache"]
+        print(
+            f"[{k}] accuracy difference vs no cache (95% interval, bootstrap over the {bs['ldpcache_lru']['problems']} "
+            "problems): "
+            + "; ".join(
+                f"{label} {bs[name]['diff']:+.3f} [{bs[name]['ci95'][0]:+.3f}, {bs[name]['ci95'][1]:+.3f}]"
+                for label, name in (("LDPCache", "ldpcache_multifactor"), ("LRU", "ldpcache_lru"))
+            )
+        )
         print(
             f"[{k}] hit ratio at capacity {capacity} ({repeats} scheduler seeds): multi-factor "
             f"{mf['hit_ratio']:.3f} (min {mf['hit_ratio_min']:.3f}, max {mf['hit_ratio_max']:.3f}), LRU "
@@ -1010,6 +1068,9 @@ def main(argv=None) -> int:
                 f"agreement_cache{sfx}": round(mf["agreement"], 4),
                 f"agreement_lru{sfx}": round(lru["agreement"], 4),
                 f"accuracy_plain_no_privacy{sfx}": round(r["accuracy_plain_queries"], 4),
+                f"accuracy_diff_cache_ci95{sfx}": [
+                    round(x, 4) for x in r["accuracy_diff_vs_no_cache"]["ldpcache_multifactor"]["ci95"]
+                ],
                 f"accuracy_on_hits_cache{sfx}": round(mf["hits_correct"] / mf["hits"], 4)
                 if mf["hits"]
                 else None,

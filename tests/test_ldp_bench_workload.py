@@ -232,3 +232,24 @@ def test_run_cache_counts_hit_accuracy_against_the_no_cache_answer():
     assert 0 < r["hits"] < len(qs) and r["hits"] == round(r["hit_ratio"] * len(qs))
     assert r["hits_correct"] == 0 and r["hits_correct_no_cache"] == r["hits"]
     assert r["max_hits_per_wrong_answer"] == r["hits"]  # one answer text, wrong everywhere
+
+
+def test_problem_bootstrap_interval():
+    queries = {p: 10 for p in range(20)}
+    same = B.problem_bootstrap(queries, {p: 5 for p in range(20)}, {p: 5 for p in range(20)})
+    assert same["diff"] == 0 and same["ci95"] == [0, 0] and same["share_below_0"] == 0
+    better = B.problem_bootstrap(queries, {p: 6 for p in range(20)}, {p: 5 for p in range(20)})
+    assert better["diff"] == pytest.approx(0.1) and better["ci95"][0] == pytest.approx(0.1)
+    # one problem carries the whole loss: the interval must reach 0 (it is left out of some resamples)
+    one = B.problem_bootstrap(queries, {0: 0}, {0: 10})
+    assert one["diff"] == pytest.approx(-0.05) and one["ci95"][0] < -0.05 < one["ci95"][1] == 0
+    assert 0.5 < one["share_below_0"] < 1
+
+
+def test_mean_runs_averages_correct_answers_per_problem():
+    runs = [
+        {"hit_ratio": 0.5, "accuracy": 0.1, "correct_per_problem": {0: 2, 1: 1}},
+        {"hit_ratio": 0.7, "accuracy": 0.3, "correct_per_problem": {0: 4}},
+    ]
+    m = B.mean_runs(runs)
+    assert m["correct_per_problem"] == {0: 3.0, 1: 0.5} and m["accuracy"] == pytest.approx(0.2)
