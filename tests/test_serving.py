@@ -427,13 +427,12 @@ def test_requests_arriving_mid_batch_join_it_and_answers_do_not_change():
 
 @pytest.mark.bundled
 @pytest.mark.slow
-def test_bundled_engine_greedy_equals_model_generate_on_gsm8k(bundled):
+def test_bundled_engine_greedy_equals_model_generate_on_gsm8k(bundled, shared_data):
     import json
-    from pathlib import Path
 
     model, tok = bundled
     eng = HFEngine(model, tok, batch_size=8)
-    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
+    data = shared_data / "gsm8k" / "test.jsonl"
     qs = [json.loads(line)["question"] for line in data.read_text().splitlines()[:8]]
     prompts = [eng.chat_prompt([{"role": "user", "content": q}]) for q in qs]
     params = GenerationParams(max_new_tokens=48, stop=["\n\n"])
