@@ -98,6 +98,10 @@ class Schedule:
                 lam.append(smoothstep((t - a) / w))
             else:  # stepwise: the same order, a hard switch at the ramp's midpoint
                 lam.append(1.0 if t >= a + w / 2 else 0.0)
+        # ramps that start 1e-16 apart can come out one ulp in the wrong order (smoothstep is not
+        # monotone in floating point); the running minimum keeps output-before-input exact
+        for k in range(1, len(lam)):
+            lam[k] = min(lam[k], lam[k - 1])
         return lam
 
     def lambdas(self, step: int, total_steps: int) -> list[float]:
