@@ -34,6 +34,9 @@ def register(sub):
     p.add_argument("--output", default=None, help="output folder (default ./eval-runs/<time>); answers are saved "
                    "there as they come, so rerunning an interrupted command with the same --output generates only "
                    "what is missing; with compare: the PNG path (default ./eval-compare.png)")
+    p.add_argument("--chunk-size", type=positive_int, default=256,
+                   help="prompts per engine call; answers are saved after each (default 256: an interrupted run "
+                   "loses at most one chunk)")
     p.add_argument("--score-gold", action="store_true",
                    help="score the reference solutions as if they were model outputs (grader self-check)")
     p.set_defaults(func=run)
@@ -101,7 +104,8 @@ def run(args) -> int:
         for t in tasks:
             s = run_eval(t, engine, data=data[t], limit=args.limit, num_fewshot=args.num_fewshot,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                         n=args.n, seed=args.seed, score_gold=args.score_gold, output_dir=out)
+                         n=args.n, seed=args.seed, score_gold=args.score_gold, output_dir=out,
+                         chunk_size=args.chunk_size)
             summaries[t] = s
             extra = "".join(f", {k} {100 * s[k]:.2f}%" for k in s if k.startswith("pass@"))
             print(f"{t}: {s['primary']} {100 * s['accuracy']:.2f}% (n={s['n']}){extra}; "

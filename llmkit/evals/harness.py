@@ -63,7 +63,7 @@ def run_eval(task, engine=None, *, data=None, limit: int | None = None, num_fews
              max_new_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
              n: int = 1, seed: int | None = 0, score_gold: bool = False, output_dir=None,
              model: str | None = None, engine_name: str = "hf", progress: bool = True,
-             chunk_size: int = 1024) -> dict:
+             chunk_size: int = 256) -> dict:
     """Evaluate one task; return its summary dict (``accuracy`` = the task's primary metric).
 
     ``task``: a name (``"gsm8k"``, ``"math500"``, ``"iheval"``, ``"iheval:safety/user-prompt-hijack"``)
