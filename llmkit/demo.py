@@ -29,6 +29,11 @@ HALO_CONFIG = REPO / "recipes" / "configs" / "halo" / "smollm2_gsm8k_sft.yaml"
 GUARD_TASK = "safety/user-prompt-hijack"
 
 
+def gsm8k_data() -> str | None:
+    """The local GSM8K test file when ../shared is there, else None (the hub dataset)."""
+    return str(GSM8K_LOCAL) if GSM8K_LOCAL.is_file() else None
+
+
 def say(msg: str) -> None:
     print(f"\n=== {msg}", flush=True)
 
@@ -48,8 +53,7 @@ def step_gsm8k(engine, out_dir: Path, limit: int) -> dict:
     from llmkit.evals import run_eval
 
     say(f"2. GSM8K check: {limit} test problems, zero-shot, greedy, transformers engine")
-    data = str(GSM8K_LOCAL) if GSM8K_LOCAL.is_file() else None
-    summary = run_eval("gsm8k", engine, data=data, limit=limit, max_new_tokens=256, output_dir=out_dir)
+    summary = run_eval("gsm8k", engine, data=gsm8k_data(), limit=limit, max_new_tokens=256, output_dir=out_dir)
     metrics = summary.get("metrics", {})
     print("GSM8K accuracy: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items())
           + f" (n={summary.get('n', limit)}); per-problem rows in {out_dir / 'gsm8k.jsonl'}")
@@ -60,14 +64,13 @@ def step_kv(model, tok) -> dict:
     import torch
 
     from llmkit.evals.tasks import get_task
+    from llmkit.generation import chat_prompt
     from llmkit.serving.kv_cache import InQuantCache
 
     say("3. KV quantization: a 3-shot GSM8K prompt with the InQuant 4-bit KV cache vs the default cache")
     task = get_task("gsm8k")
-    data = str(GSM8K_LOCAL) if GSM8K_LOCAL.is_file() else None
-    sample = task.load(data, 1)[0]
-    prompt = tok.apply_chat_template(task.build_prompt(sample, num_fewshot=3), tokenize=False,
-                                     add_generation_prompt=True)
+    sample = task.load(gsm8k_data(), 1)[0]
+    prompt = chat_prompt(tok, task.build_prompt(sample, num_fewshot=3))
     enc = tok(prompt, return_tensors="pt", add_special_tokens=False)
     n_prompt = enc.input_ids.shape[1]
     with torch.inference_mode():
@@ -177,7 +180,6 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     say(f"0. loading {model_name}")
     engine = HFEngine(model_name)
-    engine.model_name = model_name
     print(f"loaded in {time.time() - t0:.1f} s: {engine.model.num_parameters() / 1e6:.0f}M parameters")
     results = {"model": model_name, "chat": step_chat(engine)}
     results["gsm8k"] = step_gsm8k(engine, out_dir, args.limit)

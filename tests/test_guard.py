@@ -304,19 +304,9 @@ def test_bundled_guard_alias_matches_engine_and_flags_gibberish(bundled):
 
 
 def test_states_recorded_during_generation_match_teacher_forcing(fitted, tiny_model, tiny_tokenizer):
-    import string
-
     from llmkit.generation import GenerationParams
 
-    # make the random model write ASCII letters only, so that text round-trips to the same tokens
-    letters = [i for i, t in enumerate(tiny_tokenizer.convert_ids_to_tokens(list(range(len(tiny_tokenizer)))))
-               if t in set(string.ascii_letters)]
-    with torch.no_grad():
-        w = tiny_model.lm_head.weight
-        keep = torch.zeros(w.shape[0], dtype=torch.bool)
-        keep[letters] = True
-        w[~keep] = 0
-        w[keep] *= 10
+    _letters_only(tiny_model, tiny_tokenizer)  # text round-trips to the same tokens
     eng = StubEngine(tiny_model, tiny_tokenizer)
     eng._hf.batch_size = eng.batch_size = 2
     prompts = [conv("hi", "")[:-1], conv("a longer question, padded less", "")[:-1], conv("third", "")[:-1]]

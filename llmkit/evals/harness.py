@@ -1,8 +1,9 @@
 """Run a task on an engine: prompts -> generations -> scores -> summary, per-sample JSONL and report.
 
 ``run_eval`` is the one entry point (the CLI, the benchmarks and the demo call
-it). Every sample's prompt is rendered with the engine's chat template, all
-prompts go to the engine in one call (the engine batches), and each output is
+it). Every sample's prompt is rendered with the engine's chat template, the
+prompts go to the engine longest first (in one call, or in ``chunk_size`` calls
+when answers are saved; the engine batches), and each output is
 scored by the task. With ``n > 1`` samples per prompt the per-sample score is
 the mean over samples and ``pass@k`` (the unbiased estimator of Chen et al.
 2021) is reported for the primary metric.
@@ -106,7 +107,7 @@ def run_eval(task, engine=None, *, data=None, limit: int | None = None, num_fews
             # longest first: batches of similar length waste less padding (hf), and the slowest
             # prompts start early (vllm); results go back to sample order
             order = sorted((i for i in range(len(prompts)) if outputs[i] is None), key=lambda i: -len(prompts[i]))
-            step = len(order) if ckpt is None else max(1, chunk_size)
+            step = max(1, len(order) if ckpt is None else chunk_size)
             if ckpt is not None:
                 ckpt.parent.mkdir(parents=True, exist_ok=True)
             for start in range(0, len(order), step):
