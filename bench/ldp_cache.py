@@ -49,9 +49,27 @@ Workloads (from GSM8K train, ../shared/data/gsm8k/train.jsonl; both are reported
               April, and then she sold half as many clips in May. What is 48
               divided by 2?" -> 24. Results go to ldp_cache_arith[_quick].json; their
               figure keys end in _uniform_arith / _zipf_arith.
+              Full sizes (session 4): uniform_arith 120 problems / 240 visits,
+              zipf_arith pool 200 / 240 visits (~710 queries each; quick as above).
+              Why: with 20 / 40 problems and 45 visits (session 3) the accuracy
+              difference's 95% interval was about +-0.13 wide, so neither "equal"
+              nor "worse" could be told apart. A cached answer is one noisy sample
+              (the model's answer to one perturbed query) reused on every hit, so
+              per problem the cache is right on all its hits or on none: the
+              variance is across problems, and only more problems narrow it.
+
+    "Equal or better accuracy" is judged as non-inferiority, with the margin fixed
+    before the large run: the lower end of the 95% bootstrap interval (over problems) of
+    accuracy(LDPCache) - accuracy(no cache) must be >= -0.05 (MARGIN), per workload and
+    pooled over the workloads of the run. Why non-inferiority and not a better point
+    estimate: in expectation the cache is as accurate as the no-cache arm (a reused answer
+    was produced for another perturbed variant of the same question, which is as likely to
+    be right), so the point estimate lands on either side of 0 by chance.
 
 Pipeline
-    The bundled model is served by ``llmkit serve`` (started here as a subprocess). Every
+    The bundled model is served by ``llmkit serve`` (started here as a subprocess, hf engine
+    with one thread; --server-engine vllm for vLLM's engine, which the session-4 arithmetic
+    run used: ~1600 answers in ~10 min on 2 cores instead of ~1 h). Every
     query sent upstream is perturbed by the token exponential mechanism (eps per word piece,
     so a query costs eps x its length). The no-cache baseline sends every query. LDPCache
     sends only its misses; a hit costs the randomized-response bit (rr-epsilon).
@@ -122,6 +140,12 @@ TEMPLATES = [
 ]
 WORKLOADS = ("uniform", "zipf", "uniform_arith", "zipf_arith")
 ZIPF_S = 1.0
+# distinct problems (uniform) / pool (zipf) and visits per workload, full and --quick (module docstring)
+FULL_SIZES = {"uniform": 20, "zipf": 40, "uniform_arith": 120, "zipf_arith": 200}
+QUICK_SIZES = {"uniform": 6, "zipf": 12, "uniform_arith": 6, "zipf_arith": 12}
+FULL_VISITS = {"uniform": 45, "zipf": 45, "uniform_arith": 240, "zipf_arith": 240}
+QUICK_VISITS = 12
+MARGIN = 0.05  # non-inferiority margin for "equal accuracy", fixed before the large arithmetic run
 
 
 def load_problems(path: Path, n: int, seed: int, max_steps: int = 2) -> list[dict]:
@@ -337,7 +361,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, timeout: float = 600.0):
+def start_server(port: int, timeout: float = 600.0, engine: str = "hf"):
     import httpx
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -351,8 +375,7 @@ def start_server(port: int, timeout: float = 600.0):
             str(port),
             "--log-level",
             "warning",
-            "--threads",
-            "1",
+            *(["--threads", "1"] if engine == "hf" else ["--engine", "vllm", "--enforce-eager"]),
         ],
         cwd=REPO,
         env=env,
@@ -475,6 +498,20 @@ def problem_bootstrap(queries: dict, a: dict, b: dict, draws: int = 4000, seed: 
     }
 
 
+def pooled_bootstrap(per_workload: dict[str, tuple[dict, dict, dict]], **kw) -> dict:
+    """:func:`problem_bootstrap` over several workloads' problems at once.
+
+    ``per_workload[k] = (queries, a, b)`` as for :func:`problem_bootstrap`; a problem is the
+    unit within its workload (workloads that share a problem id are still separate units).
+    """
+    counts, a, b = {}, {}, {}
+    for k, (queries, ak, bk) in per_workload.items():
+        counts.update({(k, p): n for p, n in queries.items()})
+        a.update({(k, p): n for p, n in ak.items()})
+        b.update({(k, p): n for p, n in bk.items()})
+    return problem_bootstrap(counts, a, b, **kw)
+
+
 def _stats(xs: list[float]) -> dict:
     m = sum(xs) / len(xs)
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
@@ -591,7 +628,7 @@ def run_ablation(
         res[k] = eviction_ablation(
             k,
             problem_sets[k],
-            visits,
+            visits[k],
             mechanism,
             embedder,
             sched,
@@ -616,7 +653,7 @@ def run_ablation(
                 "ablation": res,
                 "policies": {k: str(v) for k, v in ABLATION.items()},
                 "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                "visits": visits,
+                "visits": {k: visits[k] for k in kinds},
                 "capacities": caps,
                 "workload_seeds": sweep_seeds,
                 "scheduler_seeds": sweep_repeats,
@@ -652,7 +689,7 @@ def plot(result: dict, path: Path) -> None:
             [x - 0.2 for x in xs],
             [w["arms"][a].get("accuracy", 0.0) for a in arms],
             0.4,
-            label="GSM8K accuracy",
+            label="accuracy",
         )
         ax.bar(
             [x + 0.2 for x in xs],
@@ -690,11 +727,28 @@ def main(argv=None) -> int:
         "ldp_cache_arith[_quick].json)",
     )
     ap.add_argument(
-        "--problems", type=int, default=None, help="uniform: distinct problems (quick 6, full 20)"
+        "--problems",
+        type=int,
+        default=None,
+        help="uniform[_arith]: distinct problems (quick 6; full 20, arith 120)",
     )
-    ap.add_argument("--pool", type=int, default=None, help="zipf: problem pool (quick 12, full 40)")
     ap.add_argument(
-        "--visits", type=int, default=None, help="visits per workload (2-4 variants each; quick 12, full 45)"
+        "--pool", type=int, default=None, help="zipf[_arith]: problem pool (quick 12; full 40, arith 200)"
+    )
+    ap.add_argument(
+        "--visits",
+        type=int,
+        default=None,
+        help="visits per workload (2-4 variants each; quick 12; full 45, arith 240)",
+    )
+    ap.add_argument(
+        "--server-engine",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="engine of the `llmkit serve` started here (hf: one thread, the default; vllm: faster on CPU)",
+    )
+    ap.add_argument(
+        "--concurrency", type=int, default=16, help="LLM requests in flight at once (the server batches them)"
     )
     ap.add_argument("--capacity", type=int, default=None, help="cache entries (quick 3, full 8)")
     ap.add_argument("--epsilon-per-token", type=float, default=38.0)
@@ -752,9 +806,11 @@ def main(argv=None) -> int:
         if k not in WORKLOADS:
             print(f"unknown workload {k!r} (choose from {', '.join(WORKLOADS)})", file=sys.stderr)
             return 2
-    sizes = {"uniform": args.problems or (6 if q else 20), "zipf": args.pool or (12 if q else 40)}
-    sizes.update({k + "_arith": v for k, v in sizes.items()})
-    visits = args.visits or (12 if q else 45)
+    sizes = {
+        k: (args.pool if k.startswith("zipf") else args.problems) or n
+        for k, n in (QUICK_SIZES if q else FULL_SIZES).items()
+    }
+    visits_of = {k: args.visits or (QUICK_VISITS if q else FULL_VISITS[k]) for k in WORKLOADS}
     capacity = args.capacity or (3 if q else 8)
     max_tokens = args.max_tokens
     repeats = args.repeats or (5 if q else 20)
@@ -786,7 +842,7 @@ def main(argv=None) -> int:
         else load_problems(args.data, sizes[k], args.seed, args.max_steps)
         for k in kinds
     }
-    streams = {k: build(k, problem_sets[k], visits, args.seed) for k in kinds}
+    streams = {k: build(k, problem_sets[k], visits_of[k], args.seed) for k in kinds}
     for k in kinds:
         qs = streams[k]
         counts = sorted(
@@ -795,7 +851,7 @@ def main(argv=None) -> int:
         print(
             f"workload {k}: {len(qs)} queries, {len(counts)} distinct GSM8K train problems"
             f"{' (one-step arithmetic from their annotations)' if k.endswith('_arith') else ''} "
-            f"(queries per problem {counts}), {visits} visits of 2-4 templated variants",
+            f"(queries per problem {counts}), {visits_of[k]} visits of 2-4 templated variants",
             flush=True,
         )
 
@@ -808,7 +864,7 @@ def main(argv=None) -> int:
 
     if args.eviction_ablation:
         return run_ablation(
-            args, kinds, problem_sets, visits, caps, sweep_seeds, sweep_repeats, mechanism, embedder, sched
+            args, kinds, problem_sets, visits_of, caps, sweep_seeds, sweep_repeats, mechanism, embedder, sched
         )
 
     proc = None
@@ -819,7 +875,7 @@ def main(argv=None) -> int:
         else:
             port = free_port()
             print(f"starting llmkit serve on port {port} ...", flush=True)
-            proc = start_server(port)
+            proc = start_server(port, engine=args.server_engine)
             url = f"http://127.0.0.1:{port}"
         up = MemoUpstream(OpenAIUpstream(url, model=args.model, timeout=3600.0), args.answers)
         model = up.upstream.model
@@ -829,7 +885,7 @@ def main(argv=None) -> int:
         # arm 1 = per-query LDP without a cache, plus one plain ask per distinct problem
         base = PerQueryLDP(up, PrivacyLedger(":memory:", 1e18), mechanism)
         jobs = []
-        ex = cf.ThreadPoolExecutor(16)
+        ex = cf.ThreadPoolExecutor(args.concurrency)
         try:
             for k in kinds:
                 wseed = WORKLOADS.index(k)
@@ -943,7 +999,7 @@ def main(argv=None) -> int:
             sw = sweep(
                 k,
                 problem_sets[k],
-                visits,
+                visits_of[k],
                 mechanism,
                 embedder,
                 sched,
@@ -993,7 +1049,7 @@ def main(argv=None) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
 
-    where = f"at {args.upstream}" if args.upstream else "behind llmkit serve --threads 1"
+    where = f"at {args.upstream}" if args.upstream else f"behind llmkit serve ({args.server_engine} engine)"
     if args.answers is not None and up.calls == 0:
         where = f"(every answer replayed from {args.answers}; no LLM call in this invocation)"
     print(
@@ -1036,6 +1092,8 @@ def main(argv=None) -> int:
                 f"{label} {bs[name]['diff']:+.3f} [{bs[name]['ci95'][0]:+.3f}, {bs[name]['ci95'][1]:+.3f}]"
                 for label, name in (("LDPCache", "ldpcache_multifactor"), ("LRU", "ldpcache_lru"))
             )
+            + f"; LDPCache non-inferior at margin {MARGIN} (lower bound >= -{MARGIN}): "
+            + ("yes" if bs["ldpcache_multifactor"]["ci95"][0] >= -MARGIN else "no")
         )
         print(
             f"[{k}] hit ratio at capacity {capacity} ({repeats} scheduler seeds): multi-factor "
@@ -1071,6 +1129,7 @@ def main(argv=None) -> int:
                 f"accuracy_diff_cache_ci95{sfx}": [
                     round(x, 4) for x in r["accuracy_diff_vs_no_cache"]["ldpcache_multifactor"]["ci95"]
                 ],
+                f"accuracy_noninferior{sfx}": bs["ldpcache_multifactor"]["ci95"][0] >= -MARGIN,
                 f"accuracy_on_hits_cache{sfx}": round(mf["hits_correct"] / mf["hits"], 4)
                 if mf["hits"]
                 else None,
@@ -1086,6 +1145,27 @@ def main(argv=None) -> int:
                 ),
             }
         )
+    if len(kinds) > 1:  # the workloads' problems together: one interval for the whole run
+        pooled = pooled_bootstrap(
+            {
+                k: (
+                    Counter(x["problem"] for x in streams[k]),
+                    results[k]["arms"]["ldpcache_multifactor"]["correct_per_problem"],
+                    results[k]["arms"]["no_cache"]["correct_per_problem"],
+                )
+                for k in kinds
+            }
+        )
+        lo, hi = pooled["ci95"]
+        print(
+            f"[pooled: {', '.join(kinds)}] accuracy difference LDPCache - no cache over "
+            f"{sum(len(streams[k]) for k in kinds)} queries, {pooled['problems']} problems: "
+            f"{pooled['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]; non-inferior at margin {MARGIN}: "
+            f"{'yes' if lo >= -MARGIN else 'no'}"
+        )
+        figures["accuracy_diff_pooled"] = round(pooled["diff"], 4)
+        figures["accuracy_diff_pooled_ci95"] = [round(lo, 4), round(hi, 4)]
+        figures["accuracy_noninferior_pooled"] = lo >= -MARGIN
     if "zipf" in kinds:
         figures["workload"] = "zipf (unsuffixed keys); uniform keys end in _uniform"
     print(
@@ -1105,7 +1185,7 @@ def main(argv=None) -> int:
         "model": model,
         "capacity": capacity,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "visits": visits,
+        "visits": {k: visits_of[k] for k in kinds},
         "max_tokens": max_tokens,
         "repeats": repeats,
         "zipf_s": ZIPF_S,

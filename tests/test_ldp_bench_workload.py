@@ -253,3 +253,15 @@ def test_mean_runs_averages_correct_answers_per_problem():
     ]
     m = B.mean_runs(runs)
     assert m["correct_per_problem"] == {0: 3.0, 1: 0.5} and m["accuracy"] == pytest.approx(0.2)
+
+
+def test_pooled_bootstrap_keeps_workloads_problems_apart():
+    # both workloads number their problems 0..9; problem 0 loses in one and gains in the other
+    queries = {p: 10 for p in range(10)}
+    pooled = B.pooled_bootstrap(
+        {"u": (queries, {0: 0}, {0: 10}), "z": (queries, {0: 10}, {0: 0})}, draws=2000
+    )
+    assert pooled["problems"] == 20 and pooled["diff"] == 0
+    assert pooled["ci95"][0] < 0 < pooled["ci95"][1]  # merged by id they would cancel to [0, 0]
+    alone = B.problem_bootstrap(queries, {0: 0}, {0: 10}, draws=2000)
+    assert alone["diff"] == pytest.approx(-0.1)

@@ -271,3 +271,22 @@ def test_frequency_factor_keeps_the_hot_entry_that_lru_evicts(tmp_path):
         kept[name] = [e.query for e in store.entries("u")]
     assert kept["lru"] == kept["mf"] == ["q1", "q2"]  # q0 was used longest ago
     assert kept["mf+freq"] == ["q0", "q2"]
+
+
+def test_a_failed_insert_leaves_the_cache_and_its_counts_as_they_were(tmp_path):
+    class Boom(LRUPolicy):
+        def victim(self, view, newest):
+            raise RuntimeError("policy failed")
+
+    path = tmp_path / "c.sqlite"
+    store = CacheStore(path, capacity=2, policy=Boom())
+    store.add("u", "q0", _unit([1, 0, 0]), "r0", 0.5)
+    store.add("u", "q1", _unit([0, 1, 0]), "r1", 0.7)
+    with pytest.raises(RuntimeError, match="policy failed"):  # the third insert must evict, and fails
+        store.add("u", "q2", _unit([0, 0, 1]), "r2", 0.9)
+    for s in (store, CacheStore(path, capacity=2)):  # in memory and on disk
+        assert [e.query for e in s.entries("u")] == ["q0", "q1"]
+        assert s.cloud_accuracy("u") == pytest.approx(0.6)
+    ok = CacheStore(path, capacity=2)
+    assert ok.add("u", "q2", _unit([0, 0, 1]), "r2", 0.9) == [1]  # LRU: the oldest goes
+    assert [e.query for e in ok.entries("u")] == ["q1", "q2"] and ok.size("u") == 2

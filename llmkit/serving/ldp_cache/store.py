@@ -169,31 +169,41 @@ class CacheStore:
             raise KeyError(entry_id)
 
     def add(self, user: str, query: str, embedding: np.ndarray, response: str, accuracy: float) -> list[int]:
-        """Insert an entry; evict per the policy while over capacity. Returns the evicted ids."""
+        """Insert an entry; evict per the policy while over capacity. Returns the evicted ids.
+
+        The insert, the call count and the evictions are one transaction, and memory follows
+        only after it commits: a crash or an error midway leaves the cache as it was.
+        """
         emb = np.asarray(embedding, np.float32).reshape(-1)
         with self._lock:
             uc = self._user(user)
-            cur = self._db.execute(
-                "INSERT INTO entries(user, query, embedding, response, accuracy, created, last_used) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)", (user, query, emb.tobytes(), response, float(accuracy),
-                                                 uc.now, uc.now))
-            uc.entries.append(Entry(cur.lastrowid, query, response, float(accuracy), uc.now, uc.now, 0))
-            uc.calls += 1
-            uc.accuracy_total += float(accuracy)
-            self._db.execute("INSERT INTO cloud_calls(user, n, total) VALUES (?, ?, ?) "
-                             "ON CONFLICT(user) DO UPDATE SET n=excluded.n, total=excluded.total",
-                             (user, uc.calls, uc.accuracy_total))
-            uc.emb = np.concatenate([uc.emb.reshape(-1, emb.shape[0]), emb[None]], 0)
-            evicted = []
-            while len(uc.entries) > self.capacity:
-                view = EntryView(uc.emb, np.array([e.accuracy for e in uc.entries]),
-                                 np.array([e.last_used for e in uc.entries], float),
-                                 np.array([e.created for e in uc.entries], float), uc.now,
-                                 np.array([e.hits for e in uc.entries], float))
-                i = self.policy.victim(view, newest=len(uc.entries) - 1)
-                victim = uc.entries.pop(i)
-                uc.emb = np.delete(uc.emb, i, axis=0)
-                self._db.execute("DELETE FROM entries WHERE id=?", (victim.id,))
-                evicted.append(victim.id)
-                self.evictions += 1
+            calls, total = uc.calls + 1, uc.accuracy_total + float(accuracy)
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                cur = self._db.execute(
+                    "INSERT INTO entries(user, query, embedding, response, accuracy, created, last_used) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)", (user, query, emb.tobytes(), response, float(accuracy),
+                                                     uc.now, uc.now))
+                self._db.execute("INSERT INTO cloud_calls(user, n, total) VALUES (?, ?, ?) "
+                                 "ON CONFLICT(user) DO UPDATE SET n=excluded.n, total=excluded.total",
+                                 (user, calls, total))
+                entries = [*uc.entries, Entry(cur.lastrowid, query, response, float(accuracy), uc.now, uc.now, 0)]
+                embs = np.concatenate([uc.emb.reshape(-1, emb.shape[0]), emb[None]], 0)
+                evicted = []
+                while len(entries) > self.capacity:
+                    view = EntryView(embs, np.array([e.accuracy for e in entries]),
+                                     np.array([e.last_used for e in entries], float),
+                                     np.array([e.created for e in entries], float), uc.now,
+                                     np.array([e.hits for e in entries], float))
+                    i = self.policy.victim(view, newest=len(entries) - 1)
+                    victim = entries.pop(i)
+                    embs = np.delete(embs, i, axis=0)
+                    self._db.execute("DELETE FROM entries WHERE id=?", (victim.id,))
+                    evicted.append(victim.id)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            uc.entries, uc.emb, uc.calls, uc.accuracy_total = entries, embs, calls, total
+            self.evictions += len(evicted)
             return evicted
