@@ -57,6 +57,10 @@ Workloads (from GSM8K train, ../shared/data/gsm8k/train.jsonl; both are reported
               (the model's answer to one perturbed query) reused on every hit, so
               per problem the cache is right on all its hits or on none: the
               variance is across problems, and only more problems narrow it.
+              That run's answers (the bundled model behind `llmkit serve --engine
+              vllm`) are in bench/results/ldp_cache_parts/answers_arith.jsonl.gz;
+              `--workloads uniform_arith,zipf_arith --answers <that file> --upstream
+              http://127.0.0.1:9 --model smollm2-135m-instruct` replays it without a model.
 
     "Equal or better accuracy" is judged as non-inferiority, with the margin fixed
     before the large run: the lower end of the 95% bootstrap interval (over problems) of
@@ -279,10 +283,20 @@ def correct(text: str, gold: str | None) -> bool:
     return x is not None and gold is not None and abs(float(x) - float(gold)) < 1e-6
 
 
+def _open_text(path: Path, mode: str):
+    """A text file, gzip-compressed if its name ends in .gz (appends add gzip members)."""
+    if path.suffix == ".gz":
+        import gzip
+
+        return gzip.open(path, mode, encoding="utf-8")
+    return open(path, mode[0], encoding="utf-8")
+
+
 class MemoUpstream:
     """Calls the server once per distinct (messages, params); later identical calls are replayed.
 
-    With ``path``, answers are appended to a JSONL file and loaded from it on start (resume).
+    With ``path``, answers are appended to a JSONL file (.jsonl.gz: compressed) and loaded from
+    it on start (resume).
     """
 
     def __init__(self, upstream, path: Path | None = None):
@@ -292,7 +306,7 @@ class MemoUpstream:
         self.lock = threading.Lock()
         self.path = path
         if path is not None and path.is_file():
-            with open(path) as f:
+            with _open_text(path, "rt") as f:
                 for line in f:
                     if line.strip():
                         r = json.loads(line)
@@ -308,7 +322,7 @@ class MemoUpstream:
             self.calls += 1
             self.memo[key] = text
             if self.path is not None:
-                with open(self.path, "a") as f:
+                with _open_text(self.path, "at") as f:
                     f.write(json.dumps({"key": key, "text": text}) + "\n")
         return text
 

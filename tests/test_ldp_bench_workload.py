@@ -84,14 +84,15 @@ def test_uniform_revisits_only_seen_problems_and_introduces_new_ones_in_order():
     assert 5 < len(seen) < 40
 
 
-def test_answers_file_resumes_without_asking_again(tmp_path):
+@pytest.mark.parametrize("name", ["answers.jsonl", "answers.jsonl.gz"])
+def test_answers_file_resumes_without_asking_again(tmp_path, name):
     calls = []
 
     def upstream(messages, **params):
         calls.append(messages)
         return f"answer {len(calls)}"
 
-    path = tmp_path / "answers.jsonl"
+    path = tmp_path / name
     m = [{"role": "user", "content": "hi"}]
     a = B.MemoUpstream(upstream, path)
     assert a(m, max_tokens=8) == "answer 1" and a(m, max_tokens=8) == "answer 1"
@@ -99,7 +100,9 @@ def test_answers_file_resumes_without_asking_again(tmp_path):
     b = B.MemoUpstream(upstream, path)
     assert b(m, max_tokens=8) == "answer 1" and b(m, max_tokens=9) == "answer 2"
     assert len(calls) == 2 and b.calls == 0
-    assert len(path.read_text().splitlines()) == 2 and json.loads(path.read_text().splitlines()[0])["text"]
+    with B._open_text(path, "rt") as f:  # two appends, each readable (gzip: two members)
+        lines = f.read().splitlines()
+    assert len(lines) == 2 and json.loads(lines[0])["text"] == "answer 1"
 
 
 VOCAB = ["<unk>", "tom", "has", "apples", "and", "buys", "more", ".", "how", "many", "now", "?"] + [
