@@ -715,7 +715,10 @@ def plot(result: dict, path: Path) -> None:
         ax.set_xticks(xs, labels)
         ax.tick_params(axis="x", labelsize=7)
         ax.set_title(f"{kind}: answer quality")
-        ax.legend(fontsize=7)
+        ax.set_ylim(
+            0, 1.35 * max(0.01, w["accuracy_plain_queries"], *(w["arms"][a].get("accuracy", 0) for a in arms))
+        )
+        ax.legend(fontsize=7, loc="upper right")
         ax = row[3]
         sw = w.get("sweep", {})
         caps = sorted(int(c) for c in sw)
