@@ -251,6 +251,21 @@ def test_interrupted_run_resumes_from_saved_answers(gsm8k_slice, tmp_path):
     assert sum(len(c[0]) for c in other.calls) == 4 and "reused_answers" not in s
 
 
+def test_repeated_prompts_are_generated_once_when_greedy(gsm8k_slice, tmp_path):
+    lines = Path(gsm8k_slice).read_text().splitlines()
+    data = tmp_path / "dup.jsonl"
+    data.write_text("\n".join([lines[0], lines[1], lines[0], lines[0]]) + "\n")
+    answers = {"Natalia": ["#### 72", "#### 1"], "Weng": ["#### 11"]}
+    greedy = FakeEngine(answers)
+    s = run_eval("gsm8k", greedy, data=data, output_dir=tmp_path / "g", progress=False, chunk_size=1)
+    assert sorted(len(c[0]) for c in greedy.calls) == [1, 1]  # two distinct prompts, one call each
+    rows = [json.loads(x) for x in Path(s["samples_file"]).read_text().splitlines()]
+    assert [r["output"] for r in rows] == ["#### 72", "#### 11", "#### 72", "#### 72"] and s["n"] == 4
+    sampled = FakeEngine(answers)  # sampling: every occurrence is its own draw
+    run_eval("gsm8k", sampled, data=data, temperature=0.7, progress=False)
+    assert sum(len(c[0]) for c in sampled.calls) == 4
+
+
 def test_run_eval_pass_at_k(gsm8k_slice):
     # 2 samples per prompt: only the first problem has one right answer of two
     eng = FakeEngine({"Natalia": ["#### 72", "#### 0"], "": ["#### 0"]})
