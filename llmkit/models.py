@@ -206,3 +206,89 @@ def load(name_or_path: str | None = None, dtype="float32", device: str | None = 
     model.eval()
     tok = load_tokenizer(path)
     return model, tok
+
+
+TINY_MODEL = "tiny-llama"
+
+
+def prepare_model_path(name: str | None, output_dir: str | Path | None = None, seed: int = 0,
+                       is_main: bool = True) -> str:
+    """What ``from_pretrained`` loads for ``name``: an alias's folder, a path, a hub id, or ``tiny-llama``.
+
+    ``tiny-llama`` is the in-process 2-layer test model (``llmkit.testing``), written once to
+    ``output_dir/tiny-llama[-seedN]`` by the main process so every rank and a resumed run load the
+    same weights.
+    """
+    name = name or DEFAULT_MODEL
+    if name != TINY_MODEL:
+        return str(resolve(name))
+    if output_dir is None:
+        raise ValueError("the tiny-llama test model needs an output_dir to be written to")
+    folder = Path(output_dir) / (TINY_MODEL if seed == 0 else f"{TINY_MODEL}-seed{seed}")
+    if is_main and not (folder / "config.json").is_file():
+        from llmkit.testing import tiny_llama, tiny_tokenizer
+
+        tiny_llama(seed=seed).save_pretrained(folder)
+        tiny_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def load_for_training(model_args, *, output_dir: str | Path | None = None, seed: int = 0,
+                      is_main: bool = True, default_dtype: str = "float32"):
+    """``(model, tokenizer)`` for a recipe, from TRL's ``ModelConfig`` the way TRL's own scripts do it.
+
+    Honours ``model_name_or_path`` (alias, folder, hub id, ``tiny-llama``), ``model_revision``,
+    ``trust_remote_code``, ``dtype``, ``attn_implementation`` and the bitsandbytes switches
+    (``load_in_4bit`` / ``load_in_8bit``, ``bnb_4bit_quant_type``, ``use_bnb_nested_quant``): with
+    ``load_in_4bit: true`` and ``use_peft: true`` the recipe trains QLoRA. Quantized models are placed
+    with TRL's ``get_kbit_device_map`` (the local process's device); others stay where
+    ``from_pretrained`` puts them (the Trainer moves them). ``dtype: auto`` keeps ``default_dtype`` on
+    CPU, where bf16 matmuls are slow, and the checkpoint's own dtype on GPUs.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = prepare_model_path(getattr(model_args, "model_name_or_path", None), output_dir, seed, is_main)
+    if output_dir is not None and Path(path).is_relative_to(Path(output_dir)):
+        from accelerate import PartialState
+
+        PartialState().wait_for_everyone()  # the main process writes the tiny model first
+    dtype = getattr(model_args, "dtype", None)
+    if dtype in (None, "auto"):
+        dtype = "auto" if torch.cuda.is_available() else default_dtype
+    kwargs = {
+        "revision": getattr(model_args, "model_revision", None) or "main",
+        "trust_remote_code": bool(getattr(model_args, "trust_remote_code", False)),
+        "dtype": parse_dtype(dtype),
+    }
+    if getattr(model_args, "attn_implementation", None):
+        kwargs["attn_implementation"] = model_args.attn_implementation
+    quantized = bool(getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False))
+    if quantized:
+        from accelerate import PartialState
+        from transformers import BitsAndBytesConfig
+
+        if getattr(model_args, "load_in_4bit", False):
+            compute = kwargs["dtype"] if isinstance(kwargs["dtype"], torch.dtype) else torch.float32
+            kwargs["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True, bnb_4bit_compute_dtype=compute,
+                bnb_4bit_quant_type=getattr(model_args, "bnb_4bit_quant_type", "nf4"),
+                bnb_4bit_use_double_quant=bool(getattr(model_args, "use_bnb_nested_quant", False)),
+                bnb_4bit_quant_storage=getattr(model_args, "bnb_4bit_quant_storage", None) or "uint8")
+        else:
+            kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+        # each process holds its own full quantized copy on its own device (DDP), as TRL's scripts place it
+        kwargs["device_map"] = {"": PartialState().local_process_index if torch.cuda.is_available() else "cpu"}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        tok = AutoTokenizer.from_pretrained(path, revision=kwargs["revision"],
+                                            trust_remote_code=kwargs["trust_remote_code"])
+    except OSError as e:
+        raise ModelNotFoundError(f"cannot load model '{path}': {e}. Built-in aliases: {_alias_help()}") from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    if quantized and not getattr(model_args, "use_peft", False):
+        import warnings
+
+        warnings.warn("load_in_4bit/load_in_8bit without use_peft: quantized weights cannot be trained "
+                      "directly; set use_peft: true for QLoRA", stacklevel=2)
+    return model, tok
