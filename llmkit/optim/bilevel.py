@@ -1,0 +1,250 @@
+"""Optimistic bilevel hypergradients: a pseudoinverse Hessian restricted to its range, plus optimistic selection.
+
+Paper: "optimistic bilevel optimization ... HG-MS" (../shared/seeds/000_99acb659bb8537c9.txt, abstract
+only). Problem, with x the upper variable (e.g. data-source weights) and y the lower one (model
+parameters, or a subset of them)::
+
+    min_x  F(x) = min_{y in S(x)} f(x, y),      S(x) = argmin_y g(x, y)            (optimistic)
+
+When S(x) is a manifold of minimizers (overparameterized training) the Hessian H = d2g/dy2 is singular
+and the classical implicit-function hypergradient does not exist. Under a local PL condition F is still
+differentiable wherever the optimistic selection y*(x) = argmin_{y in S(x)} f(x, y) is unique, and::
+
+    grad F(x) = d_x f(x, y*) - d2g/dxdy(x, y*) . H(x, y*)^+ . d_y f(x, y*)
+
+(at y*, d_y f is orthogonal to the tangent space of S(x) = the kernel of H, so it lies in range(H) and
+the pseudoinverse is the right inverse there). HG-MS is select-then-differentiate: first move y along
+S(x) to the optimistic selection, then apply the formula.
+
+What this module computes (all from Hessian-vector products, never a Hessian):
+
+* ``lanczos(matvec, b, iters)``: ``iters`` steps of Lanczos with full reorthogonalisation on the
+  Krylov space K(H, b). Cost: one HVP per step.
+* ``pinv_solve(matvec, b, iters, rtol)``: the Ritz pairs (theta_i, u_i) of H on K(H, b); eigenvalues
+  with theta_i <= rtol * max theta (and, by default, negative ones) are dropped; returns
+  ``solution = sum_kept u_i (u_i . b) / theta_i`` (H^+ b restricted to the kept spectrum) and
+  ``null_part = b - sum_kept u_i (u_i . b)`` (the part of b along the flat directions). If H has rank r
+  and iters >= r + 1 both are exact in exact arithmetic; otherwise it is truncated Lanczos (the
+  leading curvature directions that b excites).
+* ``hypergradient(inner_loss, outer_loss, params, hparams)``: the formula above at the current y.
+  Cost: one forward of g plus one backward with ``create_graph`` (the gradient graph), one forward +
+  backward of f, ``iters`` HVPs (each one double-backward through the retained gradient graph, no
+  new forward), one more backward through the gradient graph for the mixed term. In "passes": 2
+  forwards, 2 backwards, iters + 1 double-backwards.
+* ``optimistic_select(...)``: ``steps`` iterations of y <- y - lr * null_part(d_y f) (descent on f
+  along the flat directions of g, i.e. along S(x)), each optionally followed by ``retract_steps``
+  gradient steps on g (to return to S(x) when it is curved). Cost per step: a forward+backward of f,
+  a forward+create-graph backward of g, ``iters`` HVPs, plus one forward+backward of g per
+  retraction step.
+* ``hgms_step`` = ``optimistic_select`` then ``hypergradient``.
+
+Deviations: the exact selection is a nonconvex problem over S(x); we take a fixed number of projected
+descent steps from the current point ("among solutions reachable from the current point"). Away from
+a minimizer H may be indefinite; negative Ritz values are dropped (``drop_negative=True``), i.e. we
+invert H on its positive spectrum only. Ritz values below ``rtol * theta_max`` count as zero, which is
+what makes the inverse a pseudoinverse (and bounds its norm by 1 / (rtol * theta_max)).
+
+Everything works on any list of tensors (``params``) and any scalar closures; nothing is LLM-specific.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+Tensors = Sequence[torch.Tensor]
+
+
+def flatten(ts: Tensors) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in ts]) if ts else torch.zeros(0)
+
+
+def unflatten(vec: torch.Tensor, like: Tensors) -> list[torch.Tensor]:
+    out, i = [], 0
+    for t in like:
+        n = t.numel()
+        out.append(vec[i:i + n].view_as(t).to(t.dtype))
+        i += n
+    return out
+
+
+def _grads(loss: torch.Tensor, params: Tensors, **kw) -> list[torch.Tensor]:
+    gs = torch.autograd.grad(loss, list(params), allow_unused=True, **kw)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, gs)]
+
+
+class HVP:
+    """Hessian-vector products of ``loss`` w.r.t. ``params``: one create-graph backward, then a double
+    backward per product through the retained gradient graph (no new forward)."""
+
+    def __init__(self, loss: torch.Tensor, params: Tensors):
+        self.params = list(params)
+        self.grads = _grads(loss, self.params, create_graph=True)
+        self.count = 0
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        self.count += 1
+        vs = unflatten(v, self.params)
+        dot = sum((g * u).sum() for g, u in zip(self.grads, vs) if g.requires_grad)
+        if not torch.is_tensor(dot) or not dot.requires_grad:  # g is linear in nothing: H = 0
+            return torch.zeros_like(v)
+        return flatten(_grads(dot, self.params, retain_graph=True))
+
+
+def lanczos(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, iters: int,
+            breakdown: float = 1e-10) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lanczos on K(H, b) with full reorthogonalisation: returns (Q [k, d] orthonormal rows, T [k, k])."""
+    dtype = b.dtype
+    b = b.detach().double()
+    nb = b.norm()
+    if nb == 0 or iters < 1:
+        return b.new_zeros(0, b.numel()), b.new_zeros(0, 0)
+    qs = [b / nb]
+    alphas, betas = [], []
+    for j in range(iters):
+        w = matvec(qs[j].to(dtype)).detach().double()
+        a = torch.dot(w, qs[j])
+        alphas.append(a)
+        Q = torch.stack(qs)
+        for _ in range(2):  # twice is enough (Kahan)
+            w = w - Q.T @ (Q @ w)
+        beta = w.norm()
+        if j == iters - 1 or beta <= breakdown * max(nb, 1.0) or beta <= breakdown * abs(a):
+            break
+        betas.append(beta)
+        qs.append(w / beta)
+    k = len(alphas)
+    T = torch.diag(torch.stack(alphas))
+    if k > 1:
+        off = torch.stack(betas[:k - 1])
+        T = T + torch.diag(off, 1) + torch.diag(off, -1)
+    return torch.stack(qs[:k]), T
+
+
+@dataclass
+class PinvResult:
+    solution: torch.Tensor        # H^+ b on the kept spectrum (flat, b's dtype)
+    null_part: torch.Tensor       # b minus its projection on the kept Ritz directions
+    ritz_values: torch.Tensor     # all Ritz values found (float64)
+    kept: int                     # how many were inverted
+    matvecs: int                  # HVPs spent
+
+
+def pinv_solve(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, iters: int = 20,
+               rtol: float = 1e-4, drop_negative: bool = True) -> PinvResult:
+    """Truncated-Lanczos pseudoinverse: H^+ b with Ritz values <= rtol * max dropped (see module docstring)."""
+    count = [0]
+
+    def mv(v):
+        count[0] += 1
+        return matvec(v)
+
+    Q, T = lanczos(mv, b, iters)
+    bd = b.detach().double()
+    if Q.shape[0] == 0:
+        return PinvResult(torch.zeros_like(b), b.detach().clone(), torch.zeros(0, dtype=torch.float64), 0, count[0])
+    theta, S = torch.linalg.eigh(T)
+    U = S.T @ Q                       # Ritz vectors as rows
+    scale = theta.abs().max()
+    keep = theta > rtol * scale if drop_negative else theta.abs() > rtol * scale
+    coef = U[keep] @ bd
+    sol = U[keep].T @ (coef / theta[keep])
+    null = bd - U[keep].T @ coef
+    return PinvResult(sol.to(b.dtype), null.to(b.dtype), theta, int(keep.sum()), count[0])
+
+
+@dataclass
+class HyperGradient:
+    grads: list[torch.Tensor]     # dF/dhparam, one per hparam
+    outer_loss: float
+    outer_grad: torch.Tensor      # d_y f (flat)
+    solve: PinvResult             # the pseudoinverse solve (solution = H^+ d_y f)
+    passes: dict[str, int] = field(default_factory=dict)
+
+
+def hypergradient(inner_loss: Callable[[], torch.Tensor], outer_loss: Callable[[], torch.Tensor],
+                  params: Tensors, hparams: Tensors, *, iters: int = 20, rtol: float = 1e-4,
+                  drop_negative: bool = True) -> HyperGradient:
+    """grad F(x) = d_x f - d2g/dxdy H^+ d_y f at the current ``params`` (call after selection).
+
+    ``inner_loss()`` and ``outer_loss()`` are closures returning scalars that depend on ``params`` (the
+    lower variable y, any subset of a model's tensors, each requiring grad) and ``hparams`` (x, tensors
+    requiring grad). Nothing is modified.
+    """
+    params, hparams = list(params), list(hparams)
+    f = outer_loss()
+    fg = _grads(f, params + hparams)
+    dy_f, dx_f = flatten(fg[:len(params)]), fg[len(params):]
+    g = inner_loss()
+    hvp = HVP(g, params)
+    solve = pinv_solve(hvp, dy_f, iters=iters, rtol=rtol, drop_negative=drop_negative)
+    q = unflatten(solve.solution.to(dy_f.device), params)
+    mixed_dot = sum((gi * qi).sum() for gi, qi in zip(hvp.grads, q) if gi.requires_grad)
+    if torch.is_tensor(mixed_dot) and mixed_dot.requires_grad:
+        mixed = _grads(mixed_dot, hparams)
+    else:
+        mixed = [torch.zeros_like(h) for h in hparams]
+    grads = [a.detach() - m.detach() for a, m in zip(dx_f, mixed)]
+    passes = {"forward": 2, "backward": 2, "double_backward": hvp.count + 1}
+    return HyperGradient(grads, float(f.detach()), dy_f.detach(), solve, passes)
+
+
+@dataclass
+class SelectResult:
+    outer_losses: list[float]     # f before each step and at the end
+    passes: dict[str, int]
+
+
+def optimistic_select(inner_loss: Callable[[], torch.Tensor], outer_loss: Callable[[], torch.Tensor],
+                      params: Tensors, *, steps: int = 10, lr: float = 0.1, iters: int = 20, rtol: float = 1e-4,
+                      drop_negative: bool = True, retract_steps: int = 0, retract_lr: float = 0.1) -> SelectResult:
+    """Move ``params`` (in place) along the flat directions of g toward lower f: the optimistic selection.
+
+    Each step: y <- y - lr * null_part(d_y f), where null_part removes the components of d_y f along the
+    Ritz directions of H = d2g/dy2 with curvature above rtol * max (so g does not change to second order),
+    then ``retract_steps`` plain gradient steps on g (back onto S(x) if it is curved).
+    """
+    params = list(params)
+    losses: list[float] = []
+    passes = {"forward": 0, "backward": 0, "double_backward": 0}
+    for _ in range(steps):
+        f = outer_loss()
+        dy_f = flatten(_grads(f, params))
+        losses.append(float(f.detach()))
+        hvp = HVP(inner_loss(), params)
+        solve = pinv_solve(hvp, dy_f, iters=iters, rtol=rtol, drop_negative=drop_negative)
+        passes["forward"] += 2
+        passes["backward"] += 2
+        passes["double_backward"] += hvp.count
+        with torch.no_grad():
+            for p, d in zip(params, unflatten(solve.null_part.to(dy_f.device), params)):
+                p.sub_(lr * d)
+        for _ in range(retract_steps):
+            gr = _grads(inner_loss(), params)
+            passes["forward"] += 1
+            passes["backward"] += 1
+            with torch.no_grad():
+                for p, d in zip(params, gr):
+                    p.sub_(retract_lr * d)
+    losses.append(float(outer_loss().detach()))
+    passes["forward"] += 1
+    return SelectResult(losses, passes)
+
+
+def hgms_step(inner_loss: Callable[[], torch.Tensor], outer_loss: Callable[[], torch.Tensor], params: Tensors,
+              hparams: Tensors, *, select_steps: int = 10, select_lr: float = 0.1, iters: int = 20,
+              rtol: float = 1e-4, drop_negative: bool = True, retract_steps: int = 0,
+              retract_lr: float = 0.1) -> tuple[HyperGradient, SelectResult]:
+    """HG-MS: optimistic selection (moves ``params``), then the pseudoinverse hypergradient there."""
+    sel = optimistic_select(inner_loss, outer_loss, params, steps=select_steps, lr=select_lr, iters=iters,
+                            rtol=rtol, drop_negative=drop_negative, retract_steps=retract_steps,
+                            retract_lr=retract_lr)
+    hg = hypergradient(inner_loss, outer_loss, params, hparams, iters=iters, rtol=rtol,
+                       drop_negative=drop_negative)
+    return hg, sel
+
+
+__all__ = ["HVP", "HyperGradient", "PinvResult", "SelectResult", "flatten", "hgms_step", "hypergradient",
+           "lanczos", "optimistic_select", "pinv_solve", "unflatten"]
