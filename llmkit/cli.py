@@ -24,6 +24,7 @@ COMMANDS = [
     "guard",
     "ldp-proxy",
     "steer",
+    "merge",
 ]
 
 

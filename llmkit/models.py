@@ -136,8 +136,10 @@ def resolve(name_or_path: str | None) -> str:
         return str(materialize_alias(name))
     p = Path(name).expanduser()
     if p.exists():
+        if not (p / "config.json").is_file() and is_adapter_folder(p):
+            return str(merged_adapter_dir(p))
         if not (p / "config.json").is_file():
-            raise ModelNotFoundError(f"model folder '{name}' has no config.json")
+            raise ModelNotFoundError(f"model folder '{name}' has no config.json (nor a PEFT adapter_config.json)")
         return str(p)
     looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1
     looks_like_hub_id = name.count("/") == 1 and not looks_like_path
@@ -292,3 +294,63 @@ def load_for_training(model_args, *, output_dir: str | Path | None = None, seed:
         warnings.warn("load_in_4bit/load_in_8bit without use_peft: quantized weights cannot be trained "
                       "directly; set use_peft: true for QLoRA", stacklevel=2)
     return model, tok
+
+
+def is_adapter_folder(folder: str | Path) -> bool:
+    """A PEFT adapter folder (what a LoRA run saves): ``adapter_config.json`` naming its base model."""
+    return (Path(folder) / "adapter_config.json").is_file()
+
+
+def adapter_base(folder: str | Path) -> str:
+    import json
+
+    cfg = json.loads((Path(folder) / "adapter_config.json").read_text())
+    base = cfg.get("base_model_name_or_path")
+    if not base:
+        raise ModelNotFoundError(f"adapter '{folder}' does not name its base model (base_model_name_or_path)")
+    return base
+
+
+def merge_adapter(adapter: str | Path, out: str | Path, dtype="float32") -> Path:
+    """Load the adapter's base model, apply the adapter, merge it into the weights and save a plain
+    checkpoint (model + tokenizer) in ``out``, written to a temporary sibling and renamed into place."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    adapter, out = Path(adapter).expanduser(), Path(out).expanduser()
+    if not is_adapter_folder(adapter):
+        raise ModelNotFoundError(f"'{adapter}' is not a PEFT adapter folder (no adapter_config.json)")
+    base = resolve(adapter_base(adapter))
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=parse_dtype(dtype))
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    # the run's own tokenizer (it may carry a changed chat template or pad token) wins over the base's
+    tok_src = adapter if (adapter / "tokenizer_config.json").is_file() else base
+    tok = AutoTokenizer.from_pretrained(str(tok_src))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def merged_adapter_dir(adapter: str | Path) -> Path:
+    """The merged checkpoint of an adapter folder, made once under ``$LLMKIT_HOME/merged/`` and remade when
+    the adapter's weights change, so every engine (vLLM included) loads a LoRA run's output by its path."""
+    import hashlib
+
+    adapter = Path(adapter).expanduser().resolve()
+    weights = sorted(adapter.glob("adapter_model.*"))
+    if not weights:
+        raise ModelNotFoundError(f"adapter folder '{adapter}' holds no adapter_model.safetensors/.bin")
+    stamp = "|".join([str(adapter)] + [f"{w.name}:{w.stat().st_size}:{w.stat().st_mtime_ns}" for w in weights])
+    target = llmkit_home() / "merged" / f"{adapter.name}-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}"
+    if not (target / "config.json").is_file():
+        merge_adapter(adapter, target)
+    return target

@@ -201,7 +201,7 @@ def _run_recipe(repo_root, tmp_path, gsm8k_slice, *extra):
     from llmkit.commands.train import parse_method_args
 
     argv = ["--config", str(repo_root / "recipes/configs/halo/tiny_cpu.yaml"),
-            "--train_data", str(gsm8k_slice), "--forget_data", str(gsm8k_slice),
+            "--dataset_name", str(gsm8k_slice), "--forget_data", str(gsm8k_slice),
             "--output_dir", str(tmp_path / "out"), *extra]
     module, configs = parse_method_args("halo", argv)
     assert module.main(*configs) == 0
@@ -269,7 +269,7 @@ def test_two_process_accelerate_launch_on_cpu(repo_root, tmp_path, gsm8k_slice):
     r = subprocess.run([accelerate, "launch", "--num_processes", "2", "--num_machines", "1", "--cpu",
                         "--mixed_precision", "no", "--dynamo_backend", "no",
                         "recipes/halo.py", "--config", "recipes/configs/halo/tiny_cpu.yaml",
-                        "--train_data", str(gsm8k_slice), "--forget_data", str(gsm8k_slice),
+                        "--dataset_name", str(gsm8k_slice), "--forget_data", str(gsm8k_slice),
                         "--per_device_train_batch_size", "1", "--output_dir", str(tmp_path / "out")],
                        check=False, capture_output=True, text=True, cwd=repo_root, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -145,7 +145,7 @@ def test_tiny_recipe_runs_two_steps_and_resumes(tmp_path, repo_root, gsm8k_slice
 
     out = tmp_path / "run"
     argv = ["train", "vspo", "--config", str(repo_root / "recipes/configs/vspo/tiny_cpu.yaml"),
-            "--output_dir", str(out), "--dataset_path", str(gsm8k_slice), "--eval_path", str(gsm8k_slice),
+            "--output_dir", str(out), "--dataset_name", str(gsm8k_slice), "--eval_path", str(gsm8k_slice),
             "--verbosity_min_words", "2", "--verbosity_max_words", "4"]
     assert main(argv) == 0
     res = json.loads((out / "eval.json").read_text())
@@ -169,7 +169,7 @@ def test_tiny_recipe_in_pieces_keeps_the_before_eval(tmp_path, repo_root, gsm8k_
 
     out = tmp_path / "run"
     argv = ["train", "vspo", "--config", str(repo_root / "recipes/configs/vspo/tiny_cpu.yaml"),
-            "--output_dir", str(out), "--dataset_path", str(gsm8k_slice), "--eval_path", str(gsm8k_slice),
+            "--output_dir", str(out), "--dataset_name", str(gsm8k_slice), "--eval_path", str(gsm8k_slice),
             "--max_steps", "3", "--save_steps", "10"]
     assert main(argv + ["--stop_after_minutes", "0"]) == 0
     res = json.loads((out / "eval.json").read_text())

@@ -31,6 +31,28 @@ FIELD_PAIRS = (("question", "answer"), ("problem", "solution"), ("prompt", "comp
                ("instruction", "output"), ("input", "output"))
 
 
+def apply_deprecated_fields(cfg, renames: dict[str, str]) -> None:
+    """Move values given under an old config field name to its new name, with a deprecation message.
+
+    The old fields stay in the dataclass (default ``None``) so old YAML files still parse; a value set
+    under both names is an error rather than a silent choice.
+    """
+    import warnings
+
+    for old, new in renames.items():
+        value = getattr(cfg, old, None)
+        if value is None:
+            continue
+        default = next((f.default for f in dataclasses.fields(cfg) if f.name == new), None)
+        if getattr(cfg, new) not in (default, value):
+            raise ValueError(f"both '{old}' (deprecated) and '{new}' are set; keep only '{new}'")
+        warnings.warn(f"config field '{old}' is deprecated: use '{new}' (TRL's ScriptArguments name)",
+                      FutureWarning, stacklevel=3)
+        print(f"[llmkit] config field '{old}' is deprecated; use '{new}'", flush=True)
+        setattr(cfg, new, value)
+        setattr(cfg, old, None)
+
+
 class DataError(ValueError):
     """Unreadable or unusable training data; the message names the file (and line)."""
 

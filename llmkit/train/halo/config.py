@@ -31,12 +31,15 @@ class HaloArguments:
     lisa_layers: int = field(default=2, metadata={"help": "lisa: decoder layers active at a time"})
     lisa_interval: int = field(default=5, metadata={"help": "lisa: steps between re-draws of the active layers"})
 
-    train_data: str = field(default="../shared/data/gsm8k/train.jsonl", metadata={
-        "help": "training data: a local JSONL/JSON file or a Hugging Face dataset id (question/answer, "
-                "problem/solution, prompt/completion or messages rows)"})
-    train_data_config: str | None = field(default=None, metadata={
+    dataset_name: str = field(default="../shared/data/gsm8k/train.jsonl", metadata={
+        "help": "training data (TRL's ScriptArguments name): a local JSONL/JSON file or a Hugging Face dataset "
+                "id (question/answer, problem/solution, prompt/completion or messages rows)"})
+    dataset_config: str | None = field(default=None, metadata={
         "help": "dataset config name for hub ids (e.g. 'main' for openai/gsm8k)"})
-    train_split: str = field(default="train", metadata={"help": "split for hub datasets"})
+    dataset_train_split: str = field(default="train", metadata={"help": "split for hub datasets"})
+    train_data: str | None = field(default=None, metadata={"help": "deprecated: use dataset_name"})
+    train_data_config: str | None = field(default=None, metadata={"help": "deprecated: use dataset_config"})
+    train_split: str | None = field(default=None, metadata={"help": "deprecated: use dataset_train_split"})
     max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training rows"})
     eval_data: str | None = field(default=None, metadata={
         "help": "validation data (same formats); its loss is the trainer's eval_loss"})
@@ -52,6 +55,10 @@ class HaloArguments:
     forget_max_length: int = field(default=512, metadata={"help": "truncate forgetting sequences to N tokens"})
 
     def __post_init__(self):
+        from llmkit.train.common import apply_deprecated_fields
+
+        apply_deprecated_fields(self, {"train_data": "dataset_name", "train_data_config": "dataset_config",
+                                       "train_split": "dataset_train_split"})
         if self.halo_method not in METHODS:
             raise ValueError(f"halo_method must be one of {', '.join(METHODS)}, got {self.halo_method!r}")
 

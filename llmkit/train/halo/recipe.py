@@ -15,6 +15,7 @@ losses and forgetting = completion loss on ``forget_data`` after minus before).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -24,23 +25,13 @@ from trl import ModelConfig
 from llmkit.train.halo.config import HaloArguments, HaloConfig
 
 CONFIG_CLASSES = (HaloArguments, HaloConfig, ModelConfig)
-TINY = "tiny-llama"
 
 
 def prepare_model_path(name: str | None, output_dir: Path, seed: int = 0, is_main: bool = True) -> str:
-    """A path or hub id that ``from_pretrained`` can load for ``name``."""
-    from llmkit.models import DEFAULT_MODEL, resolve
+    """A path or hub id that ``from_pretrained`` can load for ``name`` (``tiny-llama`` is written to output_dir)."""
+    from llmkit.models import prepare_model_path as _prepare
 
-    name = name or DEFAULT_MODEL
-    if name != TINY:
-        return str(resolve(name))
-    folder = output_dir / (TINY if seed == 0 else f"{TINY}-seed{seed}")
-    if is_main and not (folder / "config.json").is_file():
-        from llmkit.testing import tiny_llama, tiny_tokenizer
-
-        tiny_llama(seed=seed).save_pretrained(folder)
-        tiny_tokenizer().save_pretrained(folder)
-    return str(folder)
+    return _prepare(name, output_dir, seed=seed, is_main=is_main)
 
 
 def _wait_for_main(training_args) -> None:
@@ -58,8 +49,9 @@ def _resume_arg(value):
 def _load_data(halo_args: HaloArguments, fmt: str):
     from llmkit.train.common import chat_dataset, load_records
 
-    train_ds = chat_dataset(load_records(halo_args.train_data, halo_args.train_split, halo_args.train_data_config,
-                                         halo_args.max_train_samples), fmt, where=halo_args.train_data)
+    train_ds = chat_dataset(load_records(halo_args.dataset_name, halo_args.dataset_train_split,
+                                         halo_args.dataset_config, halo_args.max_train_samples), fmt,
+                            where=halo_args.dataset_name)
     eval_ds = None
     if halo_args.eval_data:
         eval_ds = chat_dataset(load_records(halo_args.eval_data, halo_args.eval_split, halo_args.eval_data_config,
@@ -72,9 +64,9 @@ def _load_data(halo_args: HaloArguments, fmt: str):
 
 
 def main(halo_args: HaloArguments, training_args: HaloConfig, model_args: ModelConfig) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import get_peft_config
+
+    from llmkit.models import load_for_training
 
     from llmkit.cli import UserError
     from llmkit.train.common import (
@@ -101,12 +93,7 @@ def main(halo_args: HaloArguments, training_args: HaloConfig, model_args: ModelC
             training_args.teacher_model_name_or_path, out, seed=1, is_main=is_main)
     _wait_for_main(training_args)
 
-    dtype = model_args.dtype if model_args.dtype not in (None, "auto") else "float32"
-    tok = AutoTokenizer.from_pretrained(model_path)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(
-        model_path, dtype=getattr(torch, dtype), attn_implementation=model_args.attn_implementation)
+    model, tok = load_for_training(dataclasses.replace(model_args, model_name_or_path=model_path))
 
     fmt = "messages" if distill else "prompt_completion"
     try:

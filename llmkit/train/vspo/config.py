@@ -28,9 +28,13 @@ class VSPOConfig(GRPOConfig):
     verbosity_min_words: int = field(default=5, metadata={"help": "verbosity band: lower bound in words"})
     verbosity_max_words: int = field(default=40, metadata={"help": "verbosity band: upper bound in words"})
     # ---- data
-    dataset_path: str = field(default="../shared/data/gsm8k/train.jsonl", metadata={
-        "help": "GSM8K-style JSONL (question, answer) or a hub id; relative paths resolve against the cwd, "
-                "then the repository root"})
+    dataset_name: str = field(default="../shared/data/gsm8k/train.jsonl", metadata={
+        "help": "training data (TRL's ScriptArguments name): GSM8K-style JSONL (question, answer) or a hub id; "
+                "relative paths resolve against the cwd, then the repository root"})
+    dataset_config: str | None = field(default=None, metadata={
+        "help": "dataset config name for hub ids (default: the task's own, 'main' for openai/gsm8k)"})
+    dataset_train_split: str = field(default="train", metadata={"help": "split for hub datasets"})
+    dataset_path: str | None = field(default=None, metadata={"help": "deprecated: use dataset_name"})
     dataset_limit: int | None = field(default=None, metadata={"help": "use only the first N training problems"})
     hint_seed: int = field(default=0, metadata={"help": "seed for the misleading hints (robustness behaviour)"})
     # ---- steering vector
@@ -69,6 +73,9 @@ class VSPOConfig(GRPOConfig):
                                                               "model_name_or_path is 'tiny-random'"})
 
     def __post_init__(self):
+        from llmkit.train.common import apply_deprecated_fields
+
+        apply_deprecated_fields(self, {"dataset_path": "dataset_name"})
         super().__post_init__()
         for name, value, allowed in (("mode", self.mode, MODES), ("alpha_spread", self.alpha_spread, SPREADS),
                                      ("alpha_anneal", self.alpha_anneal, ANNEALS),

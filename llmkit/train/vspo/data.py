@@ -22,7 +22,8 @@ def resolve_data_path(path: str) -> str:
     raise UserError(f"no such data file: {path}")
 
 
-def load_records(path: str, limit: int | None, split: str = "train", task_name: str = "gsm8k") -> list[dict]:
+def load_records(path: str, limit: int | None, split: str = "train", task_name: str = "gsm8k",
+                 config: str | None = None) -> list[dict]:
     from llmkit.evals.tasks import get_task
 
     task = get_task(task_name)
@@ -31,6 +32,8 @@ def load_records(path: str, limit: int | None, split: str = "train", task_name: 
     if Path(resolved).exists():
         return task.load(resolved, limit=limit)
     task.hub_id = resolved  # a hub id: the task's own hub loader (needs network or a warm cache)
+    if config is not None:
+        task.hub_config = config
     return task.load(None, limit=limit)
 
 

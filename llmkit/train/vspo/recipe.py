@@ -19,6 +19,7 @@ only in the invocation that reaches ``max_steps``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -28,23 +29,13 @@ from trl import ModelConfig
 from llmkit.train.vspo.config import VSPOConfig
 
 CONFIG_CLASSES = (VSPOConfig, ModelConfig)
-TINY = "tiny-llama"
 CURVE_KEYS = ("reward", "vspo/reward_steered", "vspo/reward_unsteered", "vspo/alpha_max")
 
 
 def prepare_model_path(name: str | None, output_dir: Path, seed: int = 0) -> str:
-    from llmkit.models import DEFAULT_MODEL, resolve
+    from llmkit.models import prepare_model_path as _prepare
 
-    name = name or DEFAULT_MODEL
-    if name != TINY:
-        return str(resolve(name))
-    folder = output_dir / TINY
-    if not (folder / "config.json").is_file():
-        from llmkit.testing import tiny_llama, tiny_tokenizer
-
-        tiny_llama(seed=seed).save_pretrained(folder)
-        tiny_tokenizer().save_pretrained(folder)
-    return str(folder)
+    return _prepare(name, output_dir, seed=seed)
 
 
 def behavior_kwargs(cfg: VSPOConfig) -> dict:
@@ -148,7 +139,7 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
     from datasets import Dataset
     from trl import get_peft_config
 
-    from llmkit.models import load
+    from llmkit.models import load_for_training
     from llmkit.train.common import MetricsJsonlCallback, save_resolved_config
     from llmkit.train.vspo.data import build_rows, load_records
     from llmkit.train.vspo.evaluate import evaluate
@@ -160,10 +151,11 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"saved {save_resolved_config(out, cfg, model_args)}")
     path = prepare_model_path(model_args.model_name_or_path, out, cfg.tiny_model_seed)
-    model, tok = load(path, dtype=model_args.dtype or "float32", device=None)
+    model, tok = load_for_training(dataclasses.replace(model_args, model_name_or_path=path))
 
     task_name = "math500" if cfg.task_reward == "math" else "gsm8k"
-    train_rows = build_rows(load_records(cfg.dataset_path, cfg.dataset_limit, "train", task_name), cfg.behavior,
+    train_rows = build_rows(load_records(cfg.dataset_name, cfg.dataset_limit, cfg.dataset_train_split, task_name,
+                                         cfg.dataset_config), cfg.behavior,
                             cfg.hint_seed, task_name)
     eval_rows = []
     if cfg.eval_path and cfg.eval_num_problems > 0:
