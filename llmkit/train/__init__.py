@@ -10,4 +10,6 @@ wrapped) and ``main(*configs)``. ``llmkit train <method>`` parses YAML plus
 METHODS: dict[str, str] = {
     "halo": "llmkit.train.halo.recipe",
     "vspo": "llmkit.train.vspo.recipe",
+    "hgms": "llmkit.train.hgms.recipe",
+    "lqzo": "llmkit.train.lqzo.recipe",
 }

@@ -1,0 +1,387 @@
+"""Zeroth-order (ZO) gradient estimators: MeZO's seed trick, LQZO's structured perturbations, RSC-ZO clipping.
+
+Papers (abstracts in ``../shared/seeds/``):
+
+* **RSC-ZO** ("Robust Scalar-Clipped Zeroth-Order method", 000_99acb659bb8537c9.txt): a two-point
+  estimator that clips each *scalar* directional derivative before aggregation, which keeps
+  high-probability convergence when the sample-gradient noise is heavy-tailed (possibly infinite
+  variance); a momentum variant is analysed too.
+* **LQZO** ("Low-rank Quantized Zeroth-Order optimizer", 004_ead6308da16bc4ed.txt): perturbations of
+  each (scale) matrix are low-rank ``U V^T`` with Rademacher ("binary-aggregated Gaussian") factors,
+  and matrices are regrouped into a more isotropic shape before factorization.
+* Anchors: MeZO (in-place perturbation regenerated from a seed, projected gradient
+  ``(l+ - l-) / 2 mu``, no optimizer state) and LOZO (low-rank perturbations, V resampled lazily).
+
+Algorithm (one step, ``q`` directions)::
+
+    for k in 1..q:   z_k = direction(seed_k)           # regenerated from the seed, never stored
+                     d_k = (L(x + mu z_k) - L(x - mu z_k)) / (2 mu)
+                     d_k = clip(d_k, -c, c)             # RSC-ZO / QZO; c = None: no clipping
+    g_hat = (1/q) sum_k d_k z_k ;  x <- x - lr * g_hat
+
+With Gaussian ``z`` and no clipping, ``E[g_hat] = grad L_mu(x)`` exactly, where ``L_mu(x) = E L(x + mu u)``
+is the Gaussian-smoothed loss (Stein's identity, the symmetric difference keeps it exact); any ``z`` with
+``E[z z^T] = I`` gives the same first-order expectation up to ``O(mu^2)``.
+
+Public pieces:
+
+* ``rsc_zo_gradient(loss_fn, params, num_directions, mu, clip)``: the estimate as a list of tensors
+  shaped like ``params``; ``loss_fn()`` is evaluated at the params' current values; params are
+  perturbed in place and restored bit-exactly (from a copy held during the call).
+* ``RSCZO``: a ``torch.optim.Optimizer`` over that estimate, with RSC-ZO's momentum variant
+  (``m <- beta m + (1 - beta) g_hat``; ``x <- x - lr m``); ``step(closure)`` with a closure that only
+  returns the loss (no backward).
+* ``direction(shape, seed, ...)``: one perturbation tensor: iid Gaussian / Rademacher entries, or
+  low-rank ``U V^T / sqrt(r)`` (each entry then has mean 0 and variance 1, so ``E[z z^T] = I`` still
+  holds), optionally on the isotropic regrouping ``isotropic_shape``.
+* ``SeedZO``: the memory-lean engine for big models (MeZO's seed trick) over any list of tensors:
+  ``estimate(loss_fn, step)`` returns the q projected derivatives, ``update(step, d, lr, wd)`` applies
+  ``x -= lr * mean_k d_k z_k`` regenerating each ``z_k``. Each tensor is perturbed additively
+  (``x + mu z``) or multiplicatively (``x * (1 + mu z)``: ZO coordinates relative to the current value,
+  used for quantization scales whose magnitudes span decades). Restore is exact (a copy of the
+  perturbed tensors held for the step, cheap when they are the scales) or MeZO's regenerate-and-subtract
+  (no copy, a few ulps of drift per step).
+
+Isotropy-enhanced regrouping (LQZO's third piece; the abstract gives no formula, this is our reading).
+A group-wise scale matrix is very elongated: a 576 x 1536 linear with 64-wide groups has a 576 x 24
+scale matrix, and at rank r the random factor on the short side spans most of its 24 directions while
+the long side gets only r of its 576. For a fixed gradient G, the low-rank directional derivative
+``<U V^T, G>`` is a sum of r terms ``u^T G v`` whose fourth moment is
+``3 (||G||_F^4 + 2 ||G^T G||_F^2)`` (Gaussian factors), i.e. its excess kurtosis grows with
+``||G^T G||_F^2 / ||G||_F^4``, which for a generic m x n matrix is about ``1/m + 1/n``: dominated by the
+short side. ``isotropic_shape`` therefore regroups the matrix, keeping whole rows together, into the
+``(m / k, k n)`` shape closest to square (k a divisor of m). The perturbation keeps ``E[z z^T] = I``
+(unbiased), while the projected derivative gets closer to the isotropic Gaussian's (kurtosis 3), so the
+estimator's variance drops; tests/test_optim_zo.py measures both. Deviation: the paper may regroup
+differently (e.g. by permuting groups); we chose the reshape because it is free (a view) and its effect
+is measurable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+DISTRIBUTIONS = ("gaussian", "rademacher")
+_MASK = (1 << 63) - 1
+
+
+def mix_seed(*parts: int) -> int:
+    """A deterministic 63-bit seed from integers (SplitMix64 steps), so streams for (step, k, tensor) differ."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h = (h ^ (int(p) & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 31
+        h = (h * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 29
+    return h & _MASK
+
+
+def _generator(seed: int, device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g
+
+
+def sample(shape, generator: torch.Generator, distribution: str = "gaussian", device=None,
+           dtype=torch.float32) -> torch.Tensor:
+    """iid entries with mean 0 and variance 1: standard normal or Rademacher (+-1 with probability 1/2)."""
+    if distribution == "gaussian":
+        return torch.randn(shape, generator=generator, device=device, dtype=dtype)
+    if distribution == "rademacher":
+        bits = torch.randint(0, 2, shape, generator=generator, device=device, dtype=torch.int8)
+        return bits.to(dtype).mul_(2).sub_(1)
+    raise ValueError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}")
+
+
+def isotropic_shape(shape: Sequence[int]) -> tuple[int, int]:
+    """The 2-D regrouping used by isotropy-enhanced estimation: ``(m/k, k*n)`` closest to square.
+
+    Whole rows of the ``(m, n)`` matrix stay together (k consecutive rows form one regrouped row),
+    k divides m, and k minimises ``|log(m/k) - log(k n)|``. A tensor with more than 2 dims is first
+    viewed as ``(shape[0], prod(rest))``; a 1-D tensor as ``(1, n)``.
+    """
+    if len(shape) == 0:
+        return (1, 1)
+    m = int(shape[0])
+    n = int(math.prod(shape[1:])) if len(shape) > 1 else 1
+    if len(shape) == 1:
+        m, n = 1, m
+    best, best_k = None, 1
+    for k in range(1, m + 1):
+        if m % k:
+            continue
+        gap = abs(math.log(m / k) - math.log(k * n))
+        if best is None or gap < best - 1e-12:
+            best, best_k = gap, k
+    return (m // best_k, best_k * n)
+
+
+def direction(shape: Sequence[int], seed: int, *, distribution: str = "gaussian", rank: int = 0,
+              isotropic: bool = False, v_seed: int | None = None, device=None,
+              dtype=torch.float32) -> torch.Tensor:
+    """One perturbation tensor of ``shape``, entirely determined by ``seed`` (and ``v_seed``).
+
+    ``rank == 0`` (or a tensor with fewer than 2 dims, or rank >= the short side): iid entries.
+    ``rank > 0``: ``U V^T / sqrt(rank)`` on the 2-D view (``isotropic_shape`` when ``isotropic``,
+    else ``(shape[0], prod(rest))``), U and V with iid ``distribution`` entries; U comes from ``seed``,
+    V from ``v_seed`` (LOZO's lazily resampled factor; defaults to a stream derived from ``seed``).
+    Every entry has mean 0 and variance 1 either way.
+    """
+    shape = tuple(int(s) for s in shape)
+    if rank and len(shape) >= 2:
+        m, n = isotropic_shape(shape) if isotropic else (shape[0], int(math.prod(shape[1:])))
+        if rank < min(m, n):
+            u = sample((m, rank), _generator(seed, device), distribution, device, dtype)
+            vs = v_seed if v_seed is not None else mix_seed(seed, 0x56)
+            v = sample((n, rank), _generator(vs, device), distribution, device, dtype)
+            return (u @ v.T).mul_(1.0 / math.sqrt(rank)).reshape(shape)
+    return sample(shape, _generator(seed, device), distribution, device, dtype)
+
+
+# ----------------------------------------------------------------------------- RSC-ZO, generic API
+
+
+def _clip(d: float, clip: float | None) -> float:
+    if clip is None:
+        return d
+    if clip <= 0:
+        raise ValueError(f"clip must be positive or None, got {clip}")
+    return max(-clip, min(clip, d))
+
+
+@torch.no_grad()
+def rsc_zo_gradient(loss_fn: Callable[[], torch.Tensor | float], params: Sequence[torch.Tensor],
+                    num_directions: int, mu: float, clip: float | None, *,
+                    generator: torch.Generator | None = None, distribution: str = "gaussian") -> list[torch.Tensor]:
+    """RSC-ZO's two-point estimate of the gradient of ``loss_fn`` with respect to ``params``.
+
+    ``g = (1/q) sum_k clip((f(x + mu u_k) - f(x - mu u_k)) / (2 mu)) u_k`` with ``u_k ~ N(0, I)`` over
+    all params jointly (``distribution='rademacher'`` for +-1 entries). ``loss_fn()`` must return the
+    loss at the params' current values; it is called ``2 * num_directions`` times, in (+, -) pairs,
+    so a stochastic loss can bind one sample per pair (or per call of this function). Params are
+    perturbed in place and restored exactly from a copy. ``clip=None``: no clipping, and the result
+    is an unbiased estimate of the gradient of the Gaussian-smoothed loss. Returns float tensors
+    shaped like ``params``.
+    """
+    if num_directions < 1:
+        raise ValueError(f"num_directions must be >= 1, got {num_directions}")
+    if mu <= 0:
+        raise ValueError(f"mu must be positive, got {mu}")
+    params = list(params)
+    backup = [p.detach().clone() for p in params]
+    grads = [torch.zeros(p.shape, dtype=torch.float32 if not p.is_floating_point() or p.element_size() < 4
+                         else p.dtype, device=p.device) for p in params]
+    try:
+        for _ in range(num_directions):
+            us = [sample(tuple(p.shape), generator, distribution, p.device, g.dtype) if generator is not None
+                  else (torch.randn_like(g) if distribution == "gaussian"
+                        else torch.randint_like(g, 0, 2).mul_(2).sub_(1)) for p, g in zip(params, grads)]
+            for p, b, u in zip(params, backup, us):
+                p.copy_(b + mu * u)
+            lp = float(loss_fn())
+            for p, b, u in zip(params, backup, us):
+                p.copy_(b - mu * u)
+            lm = float(loss_fn())
+            d = _clip((lp - lm) / (2 * mu), clip)
+            for g, u in zip(grads, us):
+                g.add_(u, alpha=d / num_directions)
+    finally:
+        for p, b in zip(params, backup):
+            p.copy_(b)
+    return grads
+
+
+class RSCZO(torch.optim.Optimizer):
+    """Zeroth-order SGD over ``rsc_zo_gradient`` with RSC-ZO's momentum variant.
+
+    ``step(closure)``: ``closure()`` returns the loss at the current params (called under no_grad, no
+    backward). ``g = rsc_zo_gradient(...)``; ``m <- momentum * m + (1 - momentum) * g`` (``momentum=0``:
+    plain RSC-ZO, no state kept); ``x <- x - lr (m + weight_decay x)``. Returns the loss at x (the mean
+    of the first pair's two evaluations is not used: one extra evaluation is made at x only if
+    ``return_loss`` is true).
+    """
+
+    def __init__(self, params, lr: float, mu: float = 1e-3, num_directions: int = 1, clip: float | None = None,
+                 momentum: float = 0.0, weight_decay: float = 0.0, distribution: str = "gaussian",
+                 generator: torch.Generator | None = None, return_loss: bool = False):
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        super().__init__(params, dict(lr=lr, mu=mu, num_directions=num_directions, clip=clip, momentum=momentum,
+                                      weight_decay=weight_decay, distribution=distribution))
+        self.generator = generator
+        self.return_loss = return_loss
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if closure is None:
+            raise ValueError("RSCZO.step needs a closure that returns the loss")
+        loss = None
+        for group in self.param_groups:
+            params = group["params"]
+            grads = rsc_zo_gradient(closure, params, group["num_directions"], group["mu"], group["clip"],
+                                    generator=self.generator, distribution=group["distribution"])
+            for p, g in zip(params, grads):
+                if group["momentum"] > 0:
+                    st = self.state[p]
+                    if "momentum_buffer" not in st:
+                        st["momentum_buffer"] = torch.zeros_like(g)
+                    g = st["momentum_buffer"].mul_(group["momentum"]).add_(g, alpha=1 - group["momentum"])
+                if group["weight_decay"]:
+                    p.add_(p, alpha=-group["lr"] * group["weight_decay"])
+                p.add_(g.to(p.dtype), alpha=-group["lr"])
+        if self.return_loss:
+            loss = closure()
+        return loss
+
+
+# ----------------------------------------------------------------------------- seed-trick engine
+
+
+class SeedZO:
+    """MeZO-style estimator over a list of tensors: perturbations regenerated from seeds, never stored.
+
+    Args:
+        params: the tensors to perturb and update (modified in place).
+        modes: per tensor ``"add"`` (``x + mu z``) or ``"mul"`` (``x * (1 + mu z)``); default all add.
+        mu: perturbation size. num_directions: q. clip: RSC-ZO/QZO clip of each projected derivative.
+        distribution: ``gaussian`` | ``rademacher``. rank: 0 = full-rank iid entries; r > 0 = low-rank
+        ``U V^T / sqrt(r)`` for 2-D+ tensors. isotropic: regroup before factorizing (``isotropic_shape``).
+        v_interval: LOZO's lazy V: the V factor is redrawn every ``v_interval`` steps (1 = every step).
+        seed: base seed. exact_restore: hold a copy of the tensors for bit-exact restore (required for
+        ``mul``); else MeZO's regenerate-and-subtract.
+    """
+
+    def __init__(self, params: Sequence[torch.Tensor], *, modes: Sequence[str] | None = None, mu: float = 1e-3,
+                 num_directions: int = 1, clip: float | None = None, distribution: str = "gaussian",
+                 rank: int = 0, isotropic: bool = False, v_interval: int = 1, seed: int = 0,
+                 exact_restore: bool = True):
+        if distribution not in DISTRIBUTIONS:
+            raise ValueError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}")
+        if num_directions < 1 or mu <= 0 or rank < 0 or v_interval < 1:
+            raise ValueError("need num_directions >= 1, mu > 0, rank >= 0, v_interval >= 1")
+        if clip is not None and clip <= 0:
+            raise ValueError(f"clip must be positive or None, got {clip}")
+        self.params = list(params)
+        self.modes = list(modes) if modes is not None else ["add"] * len(self.params)
+        if len(self.modes) != len(self.params) or any(m not in ("add", "mul") for m in self.modes):
+            raise ValueError("modes must give 'add' or 'mul' for each tensor")
+        if not exact_restore and "mul" in self.modes:
+            raise ValueError("multiplicative perturbation needs exact_restore=True")
+        self.mu, self.q, self.clip = float(mu), int(num_directions), clip
+        self.distribution, self.rank, self.isotropic = distribution, int(rank), bool(isotropic)
+        self.v_interval, self.seed, self.exact_restore = int(v_interval), int(seed), bool(exact_restore)
+        self._backup: list[torch.Tensor] | None = None
+        self._current: tuple[int, int, float] | None = None
+
+    # -- directions
+
+    def z(self, step: int, k: int, i: int) -> torch.Tensor:
+        p = self.params[i]
+        return direction(tuple(p.shape), mix_seed(self.seed, step, k, i), distribution=self.distribution,
+                         rank=self.rank, isotropic=self.isotropic,
+                         v_seed=mix_seed(self.seed, 0x5EED, step // self.v_interval, i),
+                         device=p.device, dtype=torch.float32)
+
+    def num_elements(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    def backup_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._backup) if self._backup else 0
+
+    # -- perturb / restore
+
+    @torch.no_grad()
+    def perturb(self, step: int, k: int, scale: float) -> None:
+        """Move every tensor to ``x0 + scale * mu z`` (add) or ``x0 (1 + scale * mu z)`` (mul), x0 the unperturbed value."""
+        if self.exact_restore and getattr(self, "_current", None) is None:  # fresh start: copy the clean values
+            if self._backup is None:
+                self._backup = [p.detach().clone() for p in self.params]
+            else:
+                for p, b in zip(self.params, self._backup):
+                    b.copy_(p.data)
+        for i, p in enumerate(self.params):
+            z = self.z(step, k, i)
+            c = scale * self.mu
+            if self.exact_restore:
+                b = self._backup[i]
+                if self.modes[i] == "mul":
+                    torch.mul(b, (z.mul_(c).add_(1.0)).to(p.dtype), out=p.data)
+                else:
+                    torch.add(b, z.to(p.dtype), alpha=c, out=p.data)
+            else:
+                p.data.add_(z.to(p.dtype), alpha=c)
+        self._current = (step, k, scale)
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        """Back to the unperturbed values: bit-exact from the held copy, else by subtracting the regenerated z."""
+        cur = getattr(self, "_current", None)
+        if cur is None:
+            return
+        if self.exact_restore:
+            for p, b in zip(self.params, self._backup):
+                p.data.copy_(b)
+        else:
+            step, k, scale = cur
+            for i, p in enumerate(self.params):
+                p.data.add_(self.z(step, k, i).to(p.dtype), alpha=-scale * self.mu)
+        self._current = None
+
+    def release(self) -> None:
+        """Drop the held copy (it is re-taken at the next perturbation)."""
+        self._backup = None
+
+    # -- estimate / update
+
+    @torch.no_grad()
+    def projected(self, loss_fn: Callable[[], torch.Tensor | float], step: int, k: int) -> tuple[float, float, float]:
+        """``(d_k, l+, l-)`` for direction k of ``step`` (unclipped); params are restored afterwards."""
+        try:
+            self.perturb(step, k, +1.0)
+            lp = float(loss_fn())
+            self.perturb(step, k, -1.0) if self.exact_restore else self._flip(step, k)
+            lm = float(loss_fn())
+        finally:
+            self.restore()
+        return (lp - lm) / (2 * self.mu), lp, lm
+
+    def _flip(self, step: int, k: int) -> None:  # regenerate mode: +mu z -> -mu z in one pass
+        with torch.no_grad():
+            for i, p in enumerate(self.params):
+                p.data.add_(self.z(step, k, i).to(p.dtype), alpha=-2 * self.mu)
+        self._current = (step, k, -1.0)
+
+    def clipped(self, d: Sequence[float]) -> list[float]:
+        return [_clip(float(x), self.clip) for x in d]
+
+    @torch.no_grad()
+    def estimate(self, loss_fn: Callable[[], torch.Tensor | float], step: int) -> list[float]:
+        """The q clipped projected derivatives of ``step``; params unchanged afterwards."""
+        return self.clipped([self.projected(loss_fn, step, k)[0] for k in range(self.q)])
+
+    @torch.no_grad()
+    def update(self, step: int, d: Sequence[float], lr: float, weight_decay: float | Sequence[float] = 0.0) -> None:
+        """``x -= lr * (mean_k d_k z_k + wd x)`` (add) or ``x *= 1 - lr * (mean_k d_k z_k + wd)`` (mul)."""
+        wds = list(weight_decay) if isinstance(weight_decay, (list, tuple)) else [weight_decay] * len(self.params)
+        q = len(d)
+        for i, p in enumerate(self.params):
+            delta = None
+            for k, dk in enumerate(d):
+                if dk == 0.0:
+                    continue
+                zk = self.z(step, k, i)
+                delta = zk.mul_(dk / q) if delta is None else delta.add_(zk, alpha=dk / q)
+            if self.modes[i] == "mul":
+                if delta is None and not wds[i]:
+                    continue
+                factor = torch.full(p.shape, 1.0 - lr * wds[i], device=p.device) if delta is None \
+                    else delta.mul_(-lr).add_(1.0 - lr * wds[i])
+                p.data.mul_(factor.to(p.dtype))
+            else:
+                if wds[i]:
+                    p.data.mul_(1.0 - lr * wds[i])
+                if delta is not None:
+                    p.data.add_(delta.to(p.dtype), alpha=-lr)

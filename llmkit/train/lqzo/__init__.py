@@ -1,0 +1,38 @@
+"""LQZO: Low-rank Quantized Zeroth-Order finetuning of INT4 / INT2 models (with QZO and MeZO baselines).
+
+Paper: "LQZO" in ../shared/seeds/004_ead6308da16bc4ed.txt (abstract only; no public code). Zeroth-order
+(ZO) finetuning needs only forward passes, so a quantized model trains in about its inference memory;
+quantized ZO (QZO: perturb and update only the group-wise quantization scales, integer codes frozen)
+lags full precision, worst at 2 bits. LQZO adds three pieces, each a switch here:
+
+  1. low-rank perturbations of each scale matrix, ``U V^T / sqrt(r)`` (``--zo_rank``), U and V
+     regenerated from the step's seed, V redrawn lazily every ``--zo_v_interval`` steps (LOZO);
+  2. "binary-aggregated Gaussian" factors: Rademacher entries (``--zo_distribution``), whose sums
+     approach a Gaussian while every moment stays bounded (E z^4 = 3 - 2/r instead of 3 + 6/r);
+  3. isotropy-enhanced estimation (``--zo_isotropic_groups``): the (out, in/group) scale matrix is
+     regrouped into its closest-to-square view before factorizing (``llmkit.optim.zo.isotropic_shape``
+     documents why this makes the projected derivative closer to isotropic).
+
+Step (``trainer.py``, the estimator in ``llmkit.optim.zo.SeedZO``): for k < q, two forwards under
+``torch.no_grad()`` at ``s (1 + mu z_k)`` and ``s (1 - mu z_k)``, ``d_k = (l+ - l-) / 2 mu``, optionally
+clipped (``--zo_clip``: QZO's clipping, the same scalar clipping as RSC-ZO), then
+``s <- s (1 - lr mean_k d_k z_k)``. No perturbation is stored (MeZO's seed trick), no optimizer state.
+
+Deviations, and why:
+* Scales are perturbed and updated multiplicatively (ZO coordinates relative to the current scale):
+  scales span orders of magnitude across layers and groups, so one absolute mu would be a 30% change
+  in some groups and nothing in others. This is plain ZO-SGD in the coordinates theta with
+  s = s_ref (1 + theta), i.e. QZO up to a diagonal preconditioner.
+* The quantizer is our own (``quant.py`` says why): asymmetric group-wise with integer zero points
+  and MSE-searched initial ranges; codes are stored one per byte (not packed).
+* Exact restore: the trainable tensors (scales, ~1/group of the weights) are copied once per direction
+  and restored bit-exactly; MeZO on raw weights uses its own regenerate-and-subtract (no copy).
+* Low-rank directions keep unit variance per entry, so the estimator stays unbiased for the smoothed
+  loss up to O(mu^2); the paper's exact normalization is not given in the abstract.
+"""
+
+from llmkit.train.lqzo.config import PRESETS, ZO_METHODS, LQZOArguments, LQZOConfig
+from llmkit.train.lqzo.quant import QuantLinear, dequantized_state_dict, held_bytes, quantize_model, quantize_weight
+
+__all__ = ["PRESETS", "ZO_METHODS", "LQZOArguments", "LQZOConfig", "QuantLinear", "dequantized_state_dict",
+           "held_bytes", "quantize_model", "quantize_weight"]

@@ -1,0 +1,173 @@
+"""``llmkit train lqzo``: zeroth-order finetuning of an INT4/INT2 model (LQZO, QZO) or of the full model (MeZO).
+
+Steps: load the model (``llmkit.models.load_for_training``: alias, folder, hub id or ``tiny-llama``);
+quantize its linear layers group-wise (``quant.py``), or, when the folder holds
+``lqzo_quant.safetensors`` (an earlier LQZO output), reload those codes and scales as they are;
+measure held-out completion loss and the two-choice task accuracy; train with ``LQZOTrainer``; save;
+measure again.
+
+Outputs in ``output_dir``: ``resolved_config.yaml``, ``checkpoint-*/`` (resume with
+``--resume_from_checkpoint true``), the final model as a normal HF folder (dense dequantized weights,
+what ``llmkit eval/chat/serve`` load) plus ``lqzo_quant.safetensors`` + ``lqzo_quant.json`` (the
+integer codes, zero points and trained scales, to resume or continue quantized), ``metrics.jsonl``,
+``loss_curve.png`` and ``lqzo_results.json`` (losses and accuracy before/after, memory held).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from trl import ModelConfig
+
+from llmkit.train.lqzo.config import LQZOArguments, LQZOConfig
+
+CONFIG_CLASSES = (LQZOArguments, LQZOConfig, ModelConfig)
+
+
+def _resume_arg(value):
+    if isinstance(value, str) and value.lower() in ("true", "last", "latest"):
+        return True
+    return value or None
+
+
+def prepare_quantized(model, model_path: str, settings: dict, progress: bool = True) -> str:
+    """Quantize ``model`` in place per ``settings`` (or reload a saved quant state); returns what was done."""
+    from safetensors.torch import load_file
+
+    from llmkit.train.lqzo.quant import QUANT_CONFIG, QUANT_FILE, load_quant_state, quantize_model
+
+    qfile = Path(model_path) / QUANT_FILE
+    if settings["quant_bits"] and qfile.is_file():
+        meta = json.loads((Path(model_path) / QUANT_CONFIG).read_text())["modules"]
+        load_quant_state(model, load_file(str(qfile)), meta)
+        return f"loaded quantized state from {qfile}"
+    if settings["quant_bits"]:
+        names = quantize_model(model, settings["quant_bits"], settings["quant_group_size"], progress=progress)
+        return f"quantized {len(names)} linear layers to INT{settings['quant_bits']} (group {settings['quant_group_size']})"
+    return "full precision (no quantization)"
+
+
+def load_data(a: LQZOArguments, seed: int):
+    from llmkit.train.common import chat_dataset, load_records
+    from llmkit.train.lqzo.task import compare_rows
+
+    train = load_records(a.train_data, a.train_split, a.train_data_config, a.max_train_samples) if a.train_data else []
+    if a.task_train_samples and a.accuracy_task == "compare":
+        task = [{"question": r["question"], "answer": r["answer"]}
+                for r in compare_rows(a.task_train_samples, seed=10_000 + seed)]
+        # interleave so every batch sees both
+        mixed, i, j = [], 0, 0
+        while i < len(train) or j < len(task):
+            if i < len(train):
+                mixed.append({"question": train[i].get("question", ""), "answer": train[i].get("answer", "")}
+                             if "question" in train[i] else train[i])
+                i += 1
+            if j < len(task):
+                mixed.append(task[j])
+                j += 1
+        train = mixed
+    train_ds = chat_dataset(train, "prompt_completion", where=a.train_data)
+    eval_rows = load_records(a.eval_data, a.eval_split, a.eval_data_config, a.max_eval_samples) if a.eval_data else []
+    eval_ds = chat_dataset(eval_rows, "prompt_completion", where=a.eval_data) if eval_rows else None
+    acc_rows = compare_rows(a.accuracy_samples, seed=20_000 + seed) if a.accuracy_task == "compare" else []
+    return train_ds, eval_ds, eval_rows, acc_rows
+
+
+def measure(model, tok, eval_rows, acc_rows, max_length: int, batch_size: int) -> dict:
+    from llmkit.train.common import completion_loss
+    from llmkit.train.lqzo.task import choice_accuracy
+
+    out = {}
+    if eval_rows:
+        out["eval_loss"] = completion_loss(model, tok, eval_rows, max_length=max_length, batch_size=batch_size)
+    if acc_rows:
+        out["accuracy"] = choice_accuracy(model, tok, acc_rows, batch_size=2 * batch_size)
+    return out
+
+
+def main(zo_args: LQZOArguments, training_args: LQZOConfig, model_args: ModelConfig) -> int:
+    from llmkit.cli import UserError
+    from llmkit.models import load_for_training
+    from llmkit.train.common import DataError, MetricsJsonlCallback, plot_metrics_file, save_resolved_config
+    from llmkit.train.lqzo.quant import held_bytes
+    from llmkit.train.lqzo.trainer import LQZOTrainer
+
+    out = Path(training_args.output_dir)
+    is_main = training_args.process_index == 0
+    settings = zo_args.resolved()
+    if settings["quant_bits"] == 0 and settings["method"] != "mezo":
+        raise UserError(f"zo_method {settings['method']} trains quantization scales: set quant_bits to 2 or 4 "
+                        "(or use zo_method mezo for a full-precision model)")
+    if getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False):
+        raise UserError("lqzo quantizes the model itself (quant_bits); drop load_in_4bit/load_in_8bit")
+    if is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        save_resolved_config(out, zo_args, training_args, model_args)
+        print(f"[lqzo] {settings['method']}: rank {settings['rank']}, {settings['distribution']}, isotropic "
+              f"{settings['isotropic']}, clip {settings['clip']}, q {settings['num_directions']}; outputs in "
+              f"{out.resolve()}", flush=True)
+
+    model, tok = load_for_training(model_args, output_dir=out, seed=0, is_main=is_main)
+    model_path = str(getattr(model, "name_or_path", "") or model_args.model_name_or_path)
+    try:
+        train_ds, eval_ds, eval_rows, acc_rows = load_data(zo_args, training_args.seed)
+    except DataError as e:
+        raise UserError(str(e)) from None
+    max_len = training_args.max_length or 512
+    bs = training_args.per_device_eval_batch_size
+    before_fp = {}
+    if settings["quant_bits"] and eval_rows and not (Path(model_path) / "lqzo_quant.safetensors").is_file():
+        before_fp = measure(model, tok, eval_rows, [], max_len, bs)
+    try:
+        what = prepare_quantized(model, model_path, settings, progress=is_main)
+    except ValueError as e:
+        raise UserError(f"cannot quantize {model_path}: {e}") from None
+    if is_main:
+        print(f"[lqzo] {what}", flush=True)
+    before = measure(model, tok, eval_rows, acc_rows, max_len, bs)
+
+    trainer = LQZOTrainer(model=model, args=training_args, train_dataset=train_ds, eval_dataset=eval_ds,
+                          processing_class=tok, callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
+                          zo_settings=settings)
+    start = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=_resume_arg(training_args.resume_from_checkpoint))
+    wall = time.perf_counter() - start
+    trainer.save_model()
+    after = measure(trainer.model, tok, eval_rows, acc_rows, max_len, bs)
+
+    if is_main:
+        mem = held_bytes(trainer.model)
+        summary = {
+            "zo": settings,
+            "model": model_path,
+            "global_step": trainer.state.global_step,
+            "forward_passes": trainer.state.global_step * 2 * settings["num_directions"]
+            * training_args.gradient_accumulation_steps,
+            "train_loss": result.training_loss,
+            "eval_loss_full_precision": before_fp.get("eval_loss"),
+            "eval_loss_before": before.get("eval_loss"),
+            "eval_loss_after": after.get("eval_loss"),
+            "accuracy_before": before.get("accuracy"),
+            "accuracy_after": after.get("accuracy"),
+            "accuracy_task": zo_args.accuracy_task,
+            "trainable_elements": trainer.zo.num_elements(),
+            "held_bytes": mem,
+            "zo_copy_bytes": trainer.zo.backup_bytes(),
+            "optimizer_state_bytes": sum(t.numel() * t.element_size() for st in trainer.optimizer.state.values()
+                                         for t in st.values() if hasattr(t, "numel")),
+            "train_wall_s": wall,
+            "saved": {"hf_checkpoint": str(out.resolve()),
+                      "quant_state": str((out / "lqzo_quant.safetensors").resolve()) if settings["quant_bits"] else None},
+        }
+        (out / "lqzo_results.json").write_text(json.dumps(summary, indent=2) + "\n")
+        png = plot_metrics_file(out / "metrics.jsonl", out / "loss_curve.png", title=f"ZO / {settings['method']}")
+        for k in ("eval_loss_full_precision", "eval_loss_before", "eval_loss_after", "accuracy_before",
+                  "accuracy_after"):
+            if summary[k] is not None:
+                print(f"[lqzo] {k}: {summary[k]:.4f}", flush=True)
+        print(f"[lqzo] results: {(out / 'lqzo_results.json').resolve()}"
+              + (f"; loss curve: {png.resolve()}" if png else ""), flush=True)
+    return 0
+

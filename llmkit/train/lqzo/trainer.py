@@ -1,0 +1,209 @@
+"""``LQZOTrainer``: TRL's SFTTrainer with zeroth-order steps (no backward, no optimizer state).
+
+Overrides:
+* ``create_optimizer``: a ``ZOOptimizer`` holding the trainable tensors in param groups (so the HF
+  schedulers drive ``lr``) and no state; its ``step()`` applies the accumulated ZO update.
+* ``training_step``: for each of q directions, two forwards under ``torch.no_grad()`` at
+  ``x + mu z`` and ``x - mu z`` (z regenerated from ``seed(global_step, k)``); the projected derivatives
+  of the micro-batches of one optimizer step are accumulated (same seeds, so accumulation = a larger
+  batch), averaged across processes at the step (a q-float all-reduce), clipped, applied.
+* ``_save`` / ``_load_from_checkpoint``: checkpoints are normal HF folders (dense dequantized weights
+  via ``save_pretrained``, loadable by ``llmkit eval/chat/serve``) plus ``lqzo_quant.safetensors`` (codes,
+  zero points, trained scales) that resuming and ``model_name_or_path`` reload exactly.
+* ``_clip_grad_norm`` / ``_get_grad_norm``: there is no gradient; ``grad_norm`` logs the RMS of the
+  step's projected derivatives instead.
+
+The seed stream depends only on (seed, global_step, k, tensor), so a resumed run continues it exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+
+import torch
+from torch import nn
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from trl import SFTTrainer
+
+from llmkit.optim.zo import SeedZO
+from llmkit.train.lqzo.quant import QUANT_CONFIG, QUANT_FILE, QuantLinear, dequantized_state_dict, quant_state
+
+
+def zo_trainable(model: nn.Module, settings: dict) -> tuple[list[str], list[torch.Tensor], list[str], list[float]]:
+    """``(names, tensors, modes, decay)`` that the ZO step perturbs and updates.
+
+    Quantized model: every QuantLinear's ``scale`` (multiplicative), plus 1-D norm weights and biases
+    when ``train_norms`` (additive). Full precision (MeZO): every floating parameter, additive;
+    2-D matrices decay with weight_decay, 1-D tensors do not (the HF Trainer's rule).
+    """
+    names, tensors, modes, decay = [], [], [], []
+    quantized = any(isinstance(m, QuantLinear) for m in model.modules())
+    for n, p in model.named_parameters():
+        if not p.is_floating_point():
+            continue
+        if quantized:
+            if n.endswith(".scale"):
+                names.append(n), tensors.append(p), modes.append("mul"), decay.append(0.0)
+            elif settings.get("train_norms") and p.dim() == 1:
+                names.append(n), tensors.append(p), modes.append("add"), decay.append(0.0)
+        else:
+            if p.dim() == 1 and not settings.get("train_norms", True):
+                continue
+            names.append(n), tensors.append(p), modes.append("add"), decay.append(1.0 if p.dim() >= 2 else 0.0)
+    return names, tensors, modes, decay
+
+
+class ZOOptimizer(torch.optim.Optimizer):
+    """Stateless optimizer shell: param groups carry lr / weight_decay for the schedulers; ``step()`` applies
+    the trainer's pending ZO update (``mean_k d_k z_k``). ``state`` stays empty."""
+
+    def __init__(self, params, engine: SeedZO, lr: float, weight_decay: float, decay_mask: list[float]):
+        super().__init__([{"params": list(params), "lr": lr, "weight_decay": weight_decay}],
+                         {"lr": lr, "weight_decay": weight_decay})
+        self.engine, self.decay_mask = engine, decay_mask
+        self.pending: tuple[int, list[float]] | None = None  # (seed step, clipped projected derivatives)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if self.pending is None:
+            return None
+        step, d = self.pending
+        g = self.param_groups[0]
+        self.engine.update(step, d, g["lr"], [g["weight_decay"] * m for m in self.decay_mask])
+        self.pending = None
+        return None
+
+
+class LQZOTrainer(SFTTrainer):
+    """SFTTrainer whose steps are zeroth-order (see the module docstring). ``zo_settings`` = ``LQZOArguments.resolved()``."""
+
+    def __init__(self, *args, zo_settings: dict, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.zo_settings = dict(zo_settings)
+        names, tensors, modes, decay = zo_trainable(self.model, self.zo_settings)
+        if not tensors:
+            raise ValueError("nothing to train: the model has no quantization scales and zo_train_norms is off")
+        s = self.zo_settings
+        self.zo = SeedZO(tensors, modes=modes, mu=s["mu"], num_directions=s["num_directions"], clip=s["clip"],
+                         distribution=s["distribution"], rank=s["rank"], isotropic=s["isotropic"],
+                         v_interval=s["v_interval"], seed=self.args.seed,
+                         exact_restore=("mul" in modes))  # MeZO on raw weights: regenerate, no copy
+        self.zo_names, self._decay_mask = names, decay
+        self._acc: list[float] | None = None
+        self._last_d: list[float] = []
+
+    # ---------------------------------------------------------------- optimizer
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is None:
+            self.optimizer = ZOOptimizer(self.zo.params, self.zo, self.args.learning_rate, self.args.weight_decay,
+                                         self._decay_mask)
+        return self.optimizer
+
+    def _zo_optimizer(self) -> ZOOptimizer:
+        opt = self.optimizer
+        while not isinstance(opt, ZOOptimizer):  # accelerate wraps it
+            opt = opt.optimizer
+        return opt
+
+    # ---------------------------------------------------------------- the ZO step
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        step = self.state.global_step
+        loss_is_scaled = self.model_accepts_loss_kwargs and num_items_in_batch is not None
+        ga = 1.0 if loss_is_scaled else float(self.current_gradient_accumulation_steps)
+
+        def loss_fn():
+            with self.compute_loss_context_manager():
+                return self.compute_loss(model, dict(inputs), num_items_in_batch=num_items_in_batch).detach()
+
+        tokens_before = getattr(self, "_total_train_tokens", None)
+        with torch.no_grad():
+            d, losses = [], []
+            for k in range(self.zo.q):
+                dk, lp, lm = self.zo.projected(loss_fn, step, k)
+                d.append(dk / ga)
+                losses += [lp, lm]
+        if tokens_before is not None:  # SFTTrainer counts tokens per forward; count this batch once
+            self._total_train_tokens = tokens_before + (self._total_train_tokens - tokens_before) // (2 * self.zo.q)
+        self._acc = d if self._acc is None else [a + b for a, b in zip(self._acc, d)]
+        if self.accelerator.gradient_state.sync_gradients:  # last micro-batch of this optimizer step
+            acc = torch.tensor(self._acc, dtype=torch.float64, device=self.args.device)
+            if self.accelerator.num_processes > 1:
+                acc = self.accelerator.reduce(acc, reduction="mean")
+            dd = self.zo.clipped(acc.tolist())
+            self._last_d = dd
+            self._zo_optimizer().pending = (step, dd)
+            self._acc = None
+        mean_loss = sum(losses) / len(losses)
+        return torch.tensor(mean_loss / ga, device=self.args.device)
+
+    def _clip_grad_norm(self, model):
+        return self._get_grad_norm(model)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        d = self._last_d
+        return math.sqrt(sum(x * x for x in d) / len(d)) if d else 0.0
+
+    # ---------------------------------------------------------------- save / resume
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        os.makedirs(output_dir, exist_ok=True)
+        if not self.args.should_save:
+            return
+        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        quantized = any(isinstance(m, QuantLinear) for m in model.modules())
+        save_dense(model, output_dir)
+        if quantized:
+            save_quant(model, output_dir)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output_dir)
+        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        model = model if model is not None else self.accelerator.unwrap_model(self.model)
+        load_checkpoint_into(model, resume_from_checkpoint)
+
+
+def save_dense(model: nn.Module, output_dir: str) -> None:
+    """An ordinary HF checkpoint: dense (dequantized) weights in the model's dtype via ``save_pretrained``."""
+    sd = dequantized_state_dict(model)
+    model.save_pretrained(output_dir, state_dict=sd, safe_serialization=True)
+
+
+def save_quant(model: nn.Module, output_dir: str) -> None:
+    from safetensors.torch import save_file
+
+    tensors, meta = quant_state(model)
+    save_file(tensors, os.path.join(output_dir, QUANT_FILE), metadata={"format": "pt"})
+    with open(os.path.join(output_dir, QUANT_CONFIG), "w") as f:
+        json.dump({"modules": meta, "format": "W = (codes - zero) * scale, groups along the input dim"}, f, indent=1)
+
+
+@torch.no_grad()
+def load_checkpoint_into(model: nn.Module, folder: str) -> None:
+    """Load a folder written by ``LQZOTrainer._save``: scales/codes from the quant file, the rest from the weights."""
+    from safetensors.torch import load_file
+
+    from llmkit.train.lqzo.quant import load_quant_state
+
+    qfile = os.path.join(folder, QUANT_FILE)
+    if os.path.isfile(qfile):
+        with open(os.path.join(folder, QUANT_CONFIG)) as f:
+            meta = json.load(f)["modules"]
+        load_quant_state(model, load_file(qfile), meta)
+    weights = os.path.join(folder, "model.safetensors")
+    if os.path.isfile(weights):
+        sd = load_file(weights)
+        own = model.state_dict()
+        for k, v in sd.items():
+            if k in own and own[k].shape == v.shape:
+                own[k].copy_(v.to(own[k].dtype))
