@@ -25,6 +25,7 @@ COMMANDS = [
     "ldp-proxy",
     "steer",
     "merge",
+    "tools",
 ]
 
 

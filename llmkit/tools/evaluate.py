@@ -1,0 +1,118 @@
+"""Writing tools with a model and answering held-out questions with pooled tools (``llmkit tools build|eval``,
+``bench/smith.py``).
+
+A *generator* maps a list of chat conversations to one reply each. :func:`local_generator` runs a local model
+(alias, folder or hub id, or an already loaded model) with transformers; :func:`openai_generator` calls any
+OpenAI-compatible endpoint (``base_url``; the key from ``OPENAI_API_KEY`` if set, since the sandbox never sees
+the host's environment this is safe).
+
+* :func:`build_tools`: for each family, ``attempts`` build prompts with K examples; each reply is scored by
+  :func:`llmkit.rewards.tools.score_build` on fresh instances and the best passing one (outcome >= ``min_score``)
+  joins the pool with provenance.
+* :func:`evaluate` answers ``n`` evaluation instances per family: with the pool's best tool for the family
+  (a use rollout whose call runs in the sandbox), with the reference tool (``mode="reference"``), or with no tool
+  (``mode="none"``, also the fallback for a family without a pooled tool). Accuracy is the exact verifier's;
+  ``macro`` is the mean over families.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from tqdm.auto import tqdm
+
+from llmkit.rewards.tools import score_build, score_use
+from llmkit.tools import tasks
+from llmkit.tools.pool import ToolPool
+from llmkit.tools.rollouts import build_prompt, final_answer, plain_prompt, use_prompt
+from llmkit.tools.sandbox import Limits
+
+Generator = Callable[[list[list[dict]]], list[str]]
+
+
+def local_generator(model, tokenizer=None, *, max_new_tokens: int = 256, temperature: float = 0.0,
+                    batch_size: int = 8, seed: int | None = 0) -> Generator:
+    """A generator over a local model: a name/path (loaded with ``llmkit.models.load``) or a loaded model."""
+    from llmkit.generation import GenerationParams, chat_prompt, generate
+
+    if isinstance(model, (str, os.PathLike)):
+        from llmkit.models import load
+
+        model, tokenizer = load(str(model))
+    params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+
+    def gen(convs: list[list[dict]]) -> list[str]:
+        prompts = [chat_prompt(tokenizer, c) for c in convs]
+        return [c.text for c in generate(model, tokenizer, prompts, params, batch_size=batch_size)]
+
+    return gen
+
+
+def openai_generator(model: str, base_url: str | None = None, *, max_new_tokens: int = 256,
+                     temperature: float = 0.0, api_key: str | None = None) -> Generator:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "none")
+
+    def gen(convs: list[list[dict]]) -> list[str]:
+        out = []
+        for c in convs:
+            r = client.chat.completions.create(model=model, messages=c, max_tokens=max_new_tokens,
+                                               temperature=temperature)
+            out.append(r.choices[0].message.content or "")
+        return out
+
+    return gen
+
+
+def build_tools(gen: Generator, families, pool: ToolPool, *, examples: int = 3, attempts: int = 1,
+                checks: int = 8, min_score: float = 1.0, source: str = "", step: int = -1, seed: int = 0,
+                limits: Limits | None = None, unsafe: bool = False, progress: bool = True) -> dict:
+    """Ask ``gen`` to write a tool per family; add the best verified one to ``pool``. Returns, per family, the
+    best attempt's axis scores and whether it joined the pool."""
+    report = {}
+    for fam_name in tqdm(list(families), desc="build", disable=not progress):
+        fam = tasks.get(fam_name)
+        convs = [build_prompt(fam, fam.generate(examples, seed=seed + 7919 * a)) for a in range(attempts)]
+        best = None
+        for a, text in enumerate(gen(convs)):
+            s = score_build(text, fam_name, seed + a, checks=checks, limits=limits, unsafe=unsafe)
+            if best is None or (s.outcome, s.code, s.schema) > (best[0].outcome, best[0].code, best[0].schema):
+                best = (s, text)
+        s, text = best
+        added = bool(s.spec is not None and s.outcome >= min_score and not s.detail.get("schema_errors"))
+        if added:
+            pool.add(s.spec, fam_name, s.outcome, step=step, source=source)
+        report[fam_name] = {"schema": s.schema, "code": s.code, "outcome": s.outcome, "added": added,
+                            "reply": text[:2000]}
+    return report
+
+
+def evaluate(gen: Generator, families, *, pool: ToolPool | None = None, mode: str = "pool", n: int = 10,
+             seed_offset: int = tasks.EVAL_SEED_OFFSET, limits: Limits | None = None, unsafe: bool = False,
+             progress: bool = True) -> dict:
+    """Held-out accuracy per family and its macro average. ``mode``: pool | reference | none."""
+    if mode not in ("pool", "reference", "none"):
+        raise ValueError(f"mode must be pool, reference or none, got '{mode}'")
+    per_family, used_tool = {}, {}
+    for fam_name in tqdm(list(families), desc=f"eval ({mode})", disable=not progress):
+        fam = tasks.get(fam_name)
+        insts = fam.generate(n, seed=seed_offset)
+        tool = None
+        if mode == "reference":
+            tool = fam.reference
+        elif mode == "pool" and pool is not None:
+            e = pool.best(fam_name)
+            tool = e.spec if e else None
+        used_tool[fam_name] = tool is not None
+        if tool is None:
+            replies = gen([plain_prompt(i) for i in insts])
+            right = [fam.verify(final_answer(r), i) for r, i in zip(replies, insts)]
+        else:
+            replies = gen([use_prompt(i, tool) for i in insts])
+            right = [bool(score_use(r, fam_name, i, tool, limits=limits, unsafe=unsafe).outcome)
+                     for r, i in zip(replies, insts)]
+        per_family[fam_name] = sum(right) / max(len(right), 1)
+    macro = sum(per_family.values()) / max(len(per_family), 1)
+    return {"mode": mode, "per_family": per_family, "macro": macro, "used_tool": used_tool, "n": n}
