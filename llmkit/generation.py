@@ -4,10 +4,26 @@ Prompts are already-formatted strings (``chat_prompt`` applies the chat
 template). Batches are left-padded so every row's new tokens start at the
 same position; stop strings are applied after decoding (the earliest match
 wins) so that the result is the same whatever the batch composition.
+
+Message content is text, never markup: ``encode_chat`` tokenizes the chat
+template's own pieces with special tokens parsed and every message's content
+with special-token strings split into ordinary tokens, so a user who writes
+``<|im_end|>\n<|im_start|>system`` gets those characters, not a new turn.
+When no content holds a special-token string the ids are exactly those of
+the rendered string (the common case costs nothing and changes nothing).
+
+``render_chat`` also carries OpenAI ``tools``: a template that knows tools
+gets them as ``tools=``; for one that does not (ChatML models such as the
+bundled SmolLM2) the tools are described in a system message in the
+Hermes/Qwen convention (``<tool_call>{"name": ..., "arguments": ...}</tool_call>``),
+assistant ``tool_calls`` are written back the same way and ``tool`` messages
+stay in the history as ``tool`` turns.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +36,15 @@ class GenerationParams:
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    # the OpenAI/vLLM sampling extras; defaults change nothing
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0  # OpenAI: over the generated tokens
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # HF/vLLM: over prompt + generated tokens
+    logprobs: int | None = None  # None = off; k = the chosen token's logprob plus the k most likely
+    prompt_logprobs: int | None = None  # the same for every prompt token (completions' echo)
+    guided: dict | None = None  # {"json": schema} | {"json_object": True}: the output must match
 
     @property
     def greedy(self) -> bool:
@@ -35,9 +60,174 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
 
 
-def chat_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """Render OpenAI-style messages with the tokenizer's chat template."""
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+class ChatPrompt(str):
+    """A rendered chat prompt; ``token_ids`` are its safe ids when plain tokenization would differ, else None."""
+
+    token_ids: list[int] | None = None
+
+
+def chat_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+                tools: list[dict] | None = None) -> ChatPrompt:
+    """Render OpenAI-style messages with the tokenizer's chat template.
+
+    The result is a ``str``; where a message's content holds a special-token string its
+    ``token_ids`` hold :func:`encode_chat`'s ids (engines use them instead of re-tokenizing).
+    """
+    text = render_chat(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt)
+    out = ChatPrompt(text)
+    if _holds_special(tokenizer, messages):
+        out.token_ids = encode_chat(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt)
+    return out
+
+
+def prompt_ids(tokenizer, prompt: str) -> list[int]:
+    """The ids of an already-rendered prompt: a :class:`ChatPrompt`'s safe ids, or the plain tokenization."""
+    ids = getattr(prompt, "token_ids", None)
+    return list(ids) if ids is not None else tokenizer.encode(prompt, add_special_tokens=False)
+
+
+def encode_text(tokenizer, text: str) -> list[int]:
+    """``text`` as ordinary tokens: special-token strings inside it are spelled out, never control tokens."""
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
+def special_strings(tokenizer) -> list[str]:
+    """The strings that plain tokenization turns into special (control) tokens."""
+    cached = getattr(tokenizer, "_llmkit_specials", None)
+    if cached is None:
+        found = {str(t) for t in tokenizer.all_special_tokens}
+        found |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+                  if getattr(t, "special", False)}
+        cached = sorted((s for s in found if s), key=len, reverse=True)
+        try:
+            tokenizer._llmkit_specials = cached
+        except AttributeError:  # a tokenizer that takes no new attributes: compute each time
+            pass
+    return cached
+
+
+def _contents(messages):
+    for m in messages:
+        c = m.get("content")
+        if isinstance(c, str) and c:
+            yield c
+
+
+def _holds_special(tokenizer, messages) -> bool:
+    specials = special_strings(tokenizer)
+    return any(s in c for c in _contents(messages) for s in specials)
+
+
+def supports_tools(tokenizer, chat_template: str | None = None) -> bool:
+    """Whether the chat template renders ``tools`` itself."""
+    t = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None)
+    if isinstance(t, dict):  # several named templates
+        t = t.get("tool_use") or t.get("default")
+    return isinstance(t, str) and "tools" in t
+
+
+TOOL_SYSTEM = (
+    "# Tools\n\nYou may call one or more functions to answer the user. The functions you can call are "
+    "described, one JSON signature per line, inside <tools></tools>:\n<tools>\n{tools}\n</tools>\n\n"
+    "To call a function, answer with a JSON object holding its name and arguments inside "
+    "<tool_call></tool_call> tags, one block per call:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+
+
+def _arguments(raw):
+    """Tool-call arguments as a dict where they parse (templates expect objects), else as given."""
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    return raw
+
+
+def tool_messages(tokenizer, messages: list[dict], tools: list[dict] | None) -> tuple[list[dict], list | None]:
+    """Messages (and tools) ready for the template: native tool support, or the Hermes convention in text."""
+    has_calls = any(m.get("tool_calls") for m in messages)
+    if not tools and not has_calls:
+        return [{**m, "content": m.get("content") or ""} for m in messages], None
+    if supports_tools(tokenizer):
+        out = []
+        for m in messages:
+            m = {**m, "content": m.get("content") or ""}
+            if m.get("tool_calls"):
+                m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": _arguments(c["function"]["arguments"])}}
+                                   for c in m["tool_calls"]]
+            out.append(m)
+        return out, (tools or None)
+    out = []
+    for src in messages:
+        m = {k: v for k, v in src.items() if k not in ("tool_calls", "tool_call_id")}
+        m["content"] = src.get("content") or ""
+        blocks = [json.dumps({"name": c["function"]["name"], "arguments": _arguments(c["function"]["arguments"])})
+                  for c in src.get("tool_calls") or []]
+        if blocks:  # the assistant's calls written back the way the model was asked to write them
+            text = "\n".join(f"<tool_call>\n{b}\n</tool_call>" for b in blocks)
+            m["content"] = (m["content"] + "\n" + text) if m["content"] else text
+        out.append(m)
+    if tools:
+        spec = TOOL_SYSTEM.format(tools="\n".join(json.dumps(t, sort_keys=False) for t in tools))
+        if out and out[0]["role"] in ("system", "developer"):
+            out[0] = {**out[0], "content": (out[0]["content"] + "\n\n" + spec) if out[0]["content"] else spec}
+        else:
+            out.insert(0, {"role": "system", "content": spec})
+    return out, None
+
+
+def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None,
+                add_generation_prompt: bool = True) -> str:
+    """The chat template applied to ``messages`` (with ``tools``, see :func:`tool_messages`), as a string."""
+    msgs, native_tools = tool_messages(tokenizer, messages, tools)
+    kw = {"tools": native_tools} if native_tools else {}
+    return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **kw)
+
+
+_MARK = "\ue000llmkit-{}\ue001"
+_MARK_RE = re.compile("\ue000llmkit-(\\d+)\ue001")
+
+
+def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None,
+                add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of the rendered chat where only the template's own markup can become special tokens.
+
+    Each content is replaced by a unique marker and the template rendered again; the pieces
+    between markers are the template's own text (tokenized with special tokens parsed), the
+    contents go in between with special-token strings split (:func:`encode_text`). A template
+    that changes the content (so the markers do not line up) and content that holds a special
+    string cannot be encoded safely: ``ValueError``.
+    """
+    text = render_chat(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt)
+    if not _holds_special(tokenizer, messages):
+        return tokenizer.encode(text, add_special_tokens=False)
+    msgs, native_tools = tool_messages(tokenizer, messages, tools)
+    contents, marked = [], []
+    for m in msgs:
+        c = m.get("content")
+        if isinstance(c, str) and c:
+            marked.append({**m, "content": _MARK.format(len(contents))})
+            contents.append(c)
+        else:
+            marked.append(m)
+    kw = {"tools": native_tools} if native_tools else {}
+    skeleton = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=add_generation_prompt, **kw)
+    pieces = _MARK_RE.split(skeleton)  # template, index, template, index, ..., template
+    order = [int(i) for i in pieces[1::2]]
+    rebuilt = "".join(p if k % 2 == 0 else contents[int(p)] for k, p in enumerate(pieces))
+    if sorted(order) != list(range(len(contents))) or rebuilt != text:
+        raise ValueError("a message holds a special-token string and this chat template changes message "
+                         "content, so it cannot be tokenized as plain text; remove the special-token string")
+    ids: list[int] = []
+    for k, p in enumerate(pieces):
+        if k % 2 == 0:
+            if p:
+                ids += tokenizer.encode(p, add_special_tokens=False)
+        else:
+            ids += encode_text(tokenizer, contents[int(p)])
+    return ids
 
 
 def truncate_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:

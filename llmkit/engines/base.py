@@ -17,10 +17,26 @@ class Engine(ABC):
                  progress: bool = False) -> list[list[Completion]]:
         """``n`` completions for each already-formatted prompt, in prompt order."""
 
-    def chat_prompt(self, messages: list[dict]) -> str:
+    adapters: dict = {}  # LoRA adapters served beside the base model: {name: folder}
+
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The rendered prompt (a ``ChatPrompt``: its ``token_ids`` are the safe ids where content holds markup)."""
         from llmkit.generation import chat_prompt
 
-        return chat_prompt(self.tokenizer, messages)
+        return chat_prompt(self.tokenizer, messages, tools=tools)
+
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Prompt token ids where message content is text (see ``llmkit.generation.encode_chat``)."""
+        from llmkit.generation import encode_chat
+
+        return encode_chat(self.tokenizer, messages, tools=tools)
+
+    def load_adapters(self, adapters: dict[str, str]) -> None:
+        raise NotImplementedError(f"the {self.name} engine cannot serve LoRA adapters")
+
+    def compile_grammar(self, guided: dict):
+        """What ``StreamRequest.grammar`` takes for ``params.guided`` (None: the engine does it from params)."""
+        return None
 
     def start_streaming(self, **kwargs):
         """A started ``llmkit.engines.stream.StreamLoop`` serving this engine's model (for the server)."""

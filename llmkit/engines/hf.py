@@ -21,17 +21,25 @@ class HFEngine(Engine):
     name = "hf"
 
     def __init__(self, model=None, tokenizer=None, dtype="float32", batch_size: int = 16,
-                 cache_factory=None):
+                 cache_factory=None, device: str | None = "cpu", device_map=None, trust_remote_code: bool = False):
         """``model`` is a name (alias, folder, hub id) or an already-loaded model with ``tokenizer``.
 
         ``cache_factory(model) -> Cache`` makes a fresh KV cache per batch (e.g. InQuant);
-        ``None`` uses transformers' default dynamic cache.
+        ``None`` uses transformers' default dynamic cache. ``device`` ("cpu", "cuda", "cuda:1")
+        places the loaded model; ``device_map`` ("auto", or a dict) instead spreads it with
+        accelerate (then ``device`` is ignored). Inputs follow the model's first device.
         """
+        self.adapters: dict[str, str] = {}
+        self._grammar_compiler = None
         if model is None or isinstance(model, str):
             from llmkit.models import DEFAULT_MODEL, load
 
             self.model_name = model or DEFAULT_MODEL
-            self.model, self.tokenizer = load(model, dtype=dtype)
+            kw = {"trust_remote_code": True} if trust_remote_code else {}
+            if device_map is not None:
+                kw["device_map"] = device_map
+                device = None
+            self.model, self.tokenizer = load(model, dtype=dtype, device=device, **kw)
         else:
             if tokenizer is None:
                 raise ValueError("HFEngine(model=<loaded model>) needs tokenizer=")
@@ -64,8 +72,10 @@ class HFEngine(Engine):
         from llmkit.engines.hf_batcher import greedy_generate
         from llmkit.generation import _eos_ids, truncate_at_stop
 
+        from llmkit.generation import prompt_ids
+
         tok = self.tokenizer
-        ids = tok(prompts, add_special_tokens=False)["input_ids"]
+        ids = [prompt_ids(tok, p) for p in prompts]
         if not all(ids):  # an empty prompt: leave it to generate()
             return generate(self.model, tok, prompts, params, batch_size=len(prompts))
         eos = _eos_ids(self.model, tok)
@@ -81,6 +91,43 @@ class HFEngine(Engine):
             out.append(Completion(text, len(prompt_ids), len(new), "stop" if (hit_eos or hit_stop) else "length",
                                   new))
         return out
+
+    def load_adapters(self, adapters: dict[str, str]) -> None:
+        """Load PEFT LoRA adapters ``{name: folder}`` beside the base weights (one model, named adapters).
+
+        The server then picks the adapter per request and PEFT runs a batch with a different
+        adapter per row (``adapter_names``); ``__base__`` rows see the base model.
+        """
+        from peft import PeftModel
+
+        for name, path in adapters.items():
+            if name in self.adapters or name == "__base__":
+                raise ValueError(f"adapter name '{name}' is used twice or reserved")
+            if not isinstance(self.model, PeftModel):
+                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
+            else:
+                self.model.load_adapter(path, adapter_name=name)
+            self.adapters[name] = str(path)
+        self.model.eval()
+
+    def compile_grammar(self, guided: dict):
+        """An xgrammar ``CompiledGrammar`` for ``{"json": schema}`` or ``{"json_object": True}``."""
+        import xgrammar as xgr
+
+        from llmkit.generation import _eos_ids
+
+        if self._grammar_compiler is None:
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab,
+                                                      stop_token_ids=sorted(_eos_ids(self.model, self.tokenizer)))
+            self._grammar_compiler = xgr.GrammarCompiler(info)
+        if guided.get("json") is not None:
+            schema = guided["json"]
+            return self._grammar_compiler.compile_json_schema(schema if isinstance(schema, str) else
+                                                              __import__("json").dumps(schema), any_whitespace=False)
+        if guided.get("json_object"):
+            return self._grammar_compiler.compile_builtin_json_grammar()
+        raise ValueError(f"unknown guided decoding request {guided}")
 
     def start_streaming(self, max_batch_size: int = 32, **kwargs):
         """Background batcher: concurrent requests share batches; text streams per step."""

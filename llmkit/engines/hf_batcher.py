@@ -21,6 +21,18 @@ factory's, which need not support removing or merging rows: then a batch
 runs to its end with finished rows kept (masked out of the output), and new
 requests wait for the next batch (static batching).
 
+Per row the sampler also applies the OpenAI/vLLM extras: ``repetition_penalty``
+(HF's rule, over prompt and generated tokens), ``presence_penalty`` and
+``frequency_penalty`` (OpenAI's rule, over generated tokens), ``top_k``, ``min_p``,
+and a grammar (``StreamRequest.grammar``, an xgrammar ``CompiledGrammar`` for
+``response_format`` / forced tool calls): its token mask is applied before
+sampling, so the answer is valid by construction. ``params.logprobs`` and
+``params.prompt_logprobs`` report the model's own (raw, unpenalized)
+log-probabilities, as vLLM does by default. With LoRA adapters loaded
+(``HFEngine.load_adapters``), every forward passes ``adapter_names`` per row
+(PEFT's mixed-adapter batches), so requests for different adapters and the
+base model share one batch.
+
 ``greedy_generate`` is the same decode loop without streaming, used by
 ``HFEngine.generate`` for greedy requests (evals): it gives ``generate()``'s
 text, stops each row at EOS, ``max_new_tokens`` or (once it is certain) a
@@ -146,6 +158,9 @@ class _Row:
     gen: torch.Generator | None
     count: int = 0
     done: bool = False
+    matcher: object | None = None  # xgrammar GrammarMatcher when the output is constrained
+    lps: list = field(default_factory=list)  # logprob entries not yet sent
+    plps: list | None = None  # prompt logprobs, sent with the first event
 
 
 @dataclass
@@ -226,47 +241,76 @@ class HFBatcher(StreamLoop):
             if not r.params.greedy and r.params.seed is not None:
                 g = torch.Generator(device=dev)
                 g.manual_seed(int(r.params.seed))
-            rows.append(_Row(r, TextStream(tok, r.params.stop), g))
+            matcher = None
+            if r.grammar is not None:
+                import xgrammar as xgr
+
+                matcher = xgr.GrammarMatcher(r.grammar)
+            rows.append(_Row(r, TextStream(tok, r.params.stop), g, matcher=matcher))
         added.extend(rows)
         input_ids, attn, positions = _left_padded([r.prompt_ids for r in reqs], self.pad_id, dev)
         cache = self.engine.cache_factory(model) if self.engine.cache_factory is not None else None
         if cache is None:
             cache = DynamicCache(config=model.config)
+        want_prompt = any(r.params.prompt_logprobs is not None for r in reqs)
         with torch.inference_mode():
             out = model(input_ids=input_ids, attention_mask=attn, position_ids=positions, past_key_values=cache,
-                        use_cache=True, **_last_logits_only(model))
+                        use_cache=True, **({} if want_prompt else _last_logits_only(model)), **self._adapters(rows))
+            if want_prompt:
+                for i, row in enumerate(rows):
+                    k = row.req.params.prompt_logprobs
+                    if k is not None:
+                        ids = row.req.prompt_ids
+                        lp = out.logits[i, input_ids.shape[1] - len(ids):-1].float().log_softmax(-1)
+                        row.plps = [(ids[0], None, [])] + [_entry(lp[j], t, k) for j, t in enumerate(ids[1:])]
         batch = _Batch(rows, cache, attn, positions[:, -1] + 1, droppable=_plain_dynamic(cache))
         return self._advance(batch, out.logits[:, -1, :].float())
+
+    def _adapters(self, rows) -> dict:
+        """PEFT's per-row ``adapter_names`` when adapters are loaded (``__base__`` = no adapter)."""
+        if not getattr(self.engine, "adapters", None):
+            return {}
+        return {"adapter_names": [r.req.adapter or "__base__" for r in rows]}
 
     def _step(self, batch: _Batch) -> _Batch | None:
         attn = torch.cat([batch.attn, batch.attn.new_ones((batch.attn.shape[0], 1))], dim=1)
         with torch.inference_mode():
             out = self.engine.model(input_ids=batch.pending[:, None], attention_mask=attn,
-                                    position_ids=batch.next_pos[:, None], past_key_values=batch.cache, use_cache=True)
+                                    position_ids=batch.next_pos[:, None], past_key_values=batch.cache, use_cache=True,
+                                    **self._adapters(batch.rows))
         batch.attn, batch.next_pos = attn, batch.next_pos + 1
         return self._advance(batch, out.logits[:, -1, :].float())
 
     def _advance(self, batch: _Batch, logits: torch.Tensor) -> _Batch | None:
         """Sample one token per row, emit events, drop finished rows; ``None`` once no row runs."""
         tokens = self._sample(logits, batch.rows)
-        for row, t in zip(batch.rows, tokens.tolist()):
+        for i, (row, t) in enumerate(zip(batch.rows, tokens.tolist())):
             if row.done:
                 continue
             r = row.req
             if r.cancelled:
                 self._end(row, "", "abort")
-            elif t in self.eos:
+                continue
+            if row.matcher is not None and not row.matcher.accept_token(t):
+                self._end(row, row.stream.finish(), "error", f"the grammar rejected token {t}")
+                continue
+            if t in self.eos:
                 self._end(row, row.stream.finish(), "stop")
-            else:
-                row.count += 1
-                delta = row.stream.add(t)
-                if row.stream.stopped:
-                    self._end(row, delta, "stop")
-                elif row.count >= r.params.max_new_tokens:
-                    delta += row.stream.finish()
-                    self._end(row, delta, "stop" if row.stream.stopped else "length")
-                elif delta:
-                    r.on_event(StreamEvent(text=delta, n_tokens=row.count))
+                continue
+            if r.params.logprobs is not None:
+                row.lps.append(_entry(logits[i].log_softmax(-1), t, r.params.logprobs))
+            row.count += 1
+            delta = row.stream.add(t)
+            if row.stream.stopped:
+                self._end(row, delta, "stop")
+            elif row.matcher is not None and row.matcher.is_terminated():
+                self._end(row, delta + row.stream.finish(), "stop")
+            elif row.count >= r.params.max_new_tokens:
+                delta += row.stream.finish()
+                self._end(row, delta, "stop" if row.stream.stopped else "length")
+            elif delta:
+                r.on_event(StreamEvent(text=delta, n_tokens=row.count, logprobs=self._take_lps(row),
+                                       prompt_logprobs=self._take_plps(row)))
         keep = [i for i, row in enumerate(batch.rows) if not row.done]
         if not keep:
             return None
@@ -293,17 +337,65 @@ class HFBatcher(StreamLoop):
         a.rows = a.rows + b.rows
         return a
 
-    def _end(self, row: _Row, text: str, reason: str):
+    @staticmethod
+    def _take_lps(row: _Row):
+        lps, row.lps = row.lps, []
+        return lps or None
+
+    @staticmethod
+    def _take_plps(row: _Row):
+        plps, row.plps = row.plps, None
+        return plps
+
+    def _end(self, row: _Row, text: str, reason: str, error: str | None = None):
         row.done = True
-        row.req.on_event(StreamEvent(text=text, n_tokens=row.count, finish_reason=reason))
+        row.req.on_event(StreamEvent(text=text, n_tokens=row.count, finish_reason=reason, error=error,
+                                     logprobs=self._take_lps(row), prompt_logprobs=self._take_plps(row)))
+
+    def _shape(self, scores: torch.Tensor, row: _Row) -> torch.Tensor:
+        """Penalties and the grammar mask on one row's logits (a copy; the raw logits stay for logprobs)."""
+        p = row.req.params
+        scores = scores.clone()
+        gen = row.stream.ids
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(row.req.prompt_ids) | set(gen)), dtype=torch.long, device=scores.device)
+            seen = seen[seen < scores.shape[0]]
+            sel = scores[seen]
+            scores[seen] = torch.where(sel > 0, sel / p.repetition_penalty, sel * p.repetition_penalty)
+        if (p.frequency_penalty or p.presence_penalty) and gen:
+            counts = torch.bincount(torch.tensor(gen, device=scores.device), minlength=scores.shape[0])
+            counts = counts[: scores.shape[0]].to(scores.dtype)
+            scores -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(scores.dtype)
+        if row.matcher is not None:
+            import xgrammar as xgr
+
+            mask = xgr.allocate_token_bitmask(1, scores.shape[0])
+            row.matcher.fill_next_token_bitmask(mask)
+            view = scores[None]
+            xgr.apply_token_bitmask_inplace(view, mask.to(scores.device), vocab_size=scores.shape[0])
+        return scores
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
         out = logits.argmax(-1)
         for i, row in enumerate(rows):
             p = row.req.params
-            if p.greedy or row.done:
+            if row.done:
                 continue
-            scores = logits[i] / p.temperature
+            shaped = (row.matcher is not None or p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
+                      or p.presence_penalty != 0.0)
+            if p.greedy and not shaped:
+                continue
+            scores = self._shape(logits[i], row) if shaped else logits[i]
+            if p.greedy:
+                out[i] = scores.argmax()
+                continue
+            scores = scores / p.temperature
+            if p.top_k > 0 and p.top_k < scores.shape[0]:
+                kth = scores.topk(p.top_k).values[-1]
+                scores = scores.masked_fill(scores < kth, float("-inf"))
+            if p.min_p > 0.0:
+                probs = scores.softmax(-1)
+                scores = scores.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
             if p.top_p < 1.0:
                 sorted_scores, order = scores.sort(descending=True)
                 probs = sorted_scores.softmax(-1)
@@ -312,3 +404,12 @@ class HFBatcher(StreamLoop):
                 scores = torch.full_like(scores, float("-inf")).scatter(0, order, sorted_scores)
             out[i] = torch.multinomial(scores.softmax(-1), 1, generator=row.gen)[0]
         return out
+
+
+def _entry(logprobs: torch.Tensor, token: int, k: int) -> tuple:
+    """``(token, logprob, [(id, logprob) of the k most likely])`` from one position's log-softmax."""
+    top = []
+    if k > 0:
+        vals, ids = logprobs.topk(min(k, logprobs.shape[0]))
+        top = list(zip(ids.tolist(), vals.tolist()))
+    return (int(token), float(logprobs[token]), top)

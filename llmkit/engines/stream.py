@@ -32,6 +32,10 @@ class StreamEvent:
     n_tokens: int = 0  # tokens generated so far (completion tokens)
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" on the last event
     error: str | None = None
+    # with params.logprobs: one (token_id, logprob, [(id, logprob), ...top]) per token since the last event
+    logprobs: list | None = None
+    # with params.prompt_logprobs, on the first event: (first_id, None, []) for the first prompt token, then entries as above
+    prompt_logprobs: list | None = None
 
 
 @dataclass
@@ -41,6 +45,8 @@ class StreamRequest:
     on_event: Callable[[StreamEvent], None]
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     cancelled: bool = False  # set by cancel(); the engine drops the request at its next step
+    adapter: str | None = None  # a LoRA adapter's name (the engine's load_adapters); None = the base model
+    grammar: object | None = None  # the engine's compiled grammar (compile_grammar) for params.guided
 
 
 class TextStream:

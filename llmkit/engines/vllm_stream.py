@@ -31,7 +31,11 @@ class VLLMStreamer(StreamLoop):
         sp = to_sampling_params(r.params)
         sp.output_kind = RequestOutputKind.DELTA
         try:
-            self.engine.llm.llm_engine.add_request(r.id, {"prompt_token_ids": list(r.prompt_ids)}, sp)
+            lora = None
+            if r.adapter is not None:
+                lora = self.engine.lora_requests[r.adapter]
+            self.engine.llm.llm_engine.add_request(r.id, {"prompt_token_ids": list(r.prompt_ids)}, sp,
+                                                   lora_request=lora)
         except Exception as e:  # noqa: BLE001 - a request vLLM refuses must not stop the loop
             r.on_event(StreamEvent(finish_reason="error", error=f"{type(e).__name__}: {e}"))
             return
@@ -73,8 +77,27 @@ class VLLMStreamer(StreamLoop):
                 finish = None
                 if out.finished:
                     finish = {"length": "length", "abort": "abort"}.get(str(o.finish_reason), "stop")
-                if o.text or finish:
-                    r.on_event(StreamEvent(text=o.text, n_tokens=self.counts[r.id], finish_reason=finish))
+                lps = _entries(o.token_ids, o.logprobs, r.params.logprobs) if r.params.logprobs is not None else None
+                plps = None
+                if r.params.prompt_logprobs is not None and getattr(out, "prompt_logprobs", None):
+                    plps = [(r.prompt_ids[0], None, [])] + _entries(list(r.prompt_ids)[1:], out.prompt_logprobs[1:], r.params.prompt_logprobs)
+                if o.text or finish or lps or plps:
+                    r.on_event(StreamEvent(text=o.text, n_tokens=self.counts[r.id], finish_reason=finish,
+                                           logprobs=lps or None, prompt_logprobs=plps))
                 if out.finished:
                     self._drop(r.id)
         self.running = 0
+
+
+def _entries(token_ids, logprobs, k: int) -> list:
+    """vLLM's per-position ``{token_id: Logprob}`` as llmkit's ``(token, logprob, [(id, logprob) top k])``."""
+    out = []
+    for t, d in zip(token_ids, logprobs or []):
+        if d is None:
+            continue
+        chosen = d.get(t)
+        top = sorted(((tid, lp) for tid, lp in d.items() if lp.rank is not None and lp.rank <= k),
+                     key=lambda x: x[1].rank)[:k]
+        out.append((int(t), float(chosen.logprob) if chosen is not None else float("-inf"),
+                    [(int(tid), float(lp.logprob)) for tid, lp in top]))
+    return out

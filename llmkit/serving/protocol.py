@@ -1,33 +1,50 @@
 """The OpenAI wire format: request validation, response bodies, error bodies.
 
 Requests are validated strictly (a string where a number belongs is an error,
-as with OpenAI, not silently coerced); unknown fields are ignored so that
-newer clients keep working. Every error is ``{"error": {"message", "type",
-"param", "code"}}`` with a 4xx/5xx status.
+as with OpenAI, not silently coerced). A field this server does not know, or
+knows but cannot honour (``logit_bias``, ``best_of`` > 1, ``suffix``,
+``store: true``, ...), is a 400 naming the field: a request is never answered
+as if a field it sent had been applied when it was not. Fields set to their
+"off" value (``null``, ``{}``, ``false``) are accepted. Every error is
+``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status.
+
+Tool calls: the model is asked (by the chat template, or by llmkit's tool
+system prompt, see ``llmkit.generation.render_chat``) to answer
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; ``parse_tool_calls``
+turns such blocks (or an answer that is one bare ``{"name", "arguments"}``
+object, as Llama 3 and the forced ``tool_choice`` path write them) into
+OpenAI ``tool_calls``.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import time
 import uuid
 from typing import Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_N = 16
 MAX_STOP = 4
 MAX_PROMPTS = 64
+MAX_LOGPROBS = 20
 
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+                 param: str | None = None, code: str | None = None, retry_after: int | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.retry_after = retry_after
 
     def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)
+        headers = headers or None
         return JSONResponse(error_body(self.message, self.type, self.param, self.code),
                             status_code=self.status, headers=headers)
 
@@ -38,6 +55,10 @@ def error_body(message: str, type: str = "invalid_request_error", param: str | N
 
 
 class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _Lenient(BaseModel):  # nested objects whose extra keys the OpenAI API itself tolerates
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
@@ -46,14 +67,90 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Lenient):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Lenient):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, v):
+        # a message echoed back from a response carries null fields (refusal, audio, ...): nothing to honour
+        if isinstance(v, dict):
+            return {k: x for k, x in v.items() if x is not None or k in ("content",)}
+        return v
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(p.text for p in self.content)
         return self.content or ""
+
+    def as_dict(self) -> dict:
+        """The message as chat templates take it (tool calls and ids kept)."""
+        m: dict = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            m["name"] = self.name
+        if self.tool_calls:
+            m["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            m["tool_call_id"] = self.tool_call_id
+        return m
+
+
+class FunctionDef(_Lenient):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Lenient):
+    name: str
+
+
+class ToolChoiceFunction(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaSpec(_Lenient):
+    name: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    def guided(self) -> dict | None:
+        """The engines' guided-decoding request (``GenerationParams.guided``), None for plain text."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return {"json_object": True}
+        if self.json_schema is None or self.json_schema.schema_ is None:
+            raise ValueError("response_format of type json_schema needs json_schema.schema")
+        return {"json": self.json_schema.schema_}
 
 
 class StreamOptions(_Strict):
@@ -72,6 +169,35 @@ class _Sampling(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    top_k: int = Field(0, ge=-1)  # vLLM's extra; -1 and 0 mean off
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    response_format: ResponseFormat | None = None
+    # known OpenAI fields accepted only at their "off" value (anything else is a 400 naming the field)
+    logit_bias: dict | None = None
+    metadata: dict | None = None
+    store: bool | None = None
+    best_of: int | None = None
+    service_tier: str | None = None
+
+    def unsupported(self) -> str | None:
+        """The first field set to something this server cannot honour."""
+        if self.logit_bias:
+            return "logit_bias"
+        if self.store:
+            return "store"
+        if self.best_of is not None and self.best_of != self.n:
+            return "best_of"
+        if self.service_tier not in (None, "auto", "default"):
+            return "service_tier"
+        return None
+
+    def sampling(self) -> dict:
+        """The sampling extras as ``GenerationParams`` keywords."""
+        return {"top_k": max(self.top_k, 0), "min_p": self.min_p, "presence_penalty": self.presence_penalty,
+                "frequency_penalty": self.frequency_penalty, "repetition_penalty": self.repetition_penalty}
 
     @field_validator("stop")
     @classmethod
@@ -91,10 +217,47 @@ class _Sampling(_Strict):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _tools(self):
+        if self.top_logprobs is not None and not self.logprobs and self.top_logprobs > 0:
+            raise ValueError("top_logprobs needs logprobs: true")
+        if isinstance(self.tool_choice, ToolChoiceFunction):
+            names = [t.function.name for t in self.tools or []]
+            if self.tool_choice.function.name not in names:
+                raise ValueError(f"tool_choice names '{self.tool_choice.function.name}', which is not in tools")
+        elif self.tool_choice == "required" and not self.tools:
+            raise ValueError("tool_choice 'required' needs tools")
+        return self
+
+    def active_tools(self) -> list[dict] | None:
+        """The tools the model sees (none with tool_choice 'none')."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    def logprobs_k(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+
+    def unsupported(self) -> str | None:
+        if self.suffix:
+            return "suffix"
+        return super().unsupported()
+
+    def logprobs_k(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -120,16 +283,28 @@ def parse(model_cls: type[_Sampling], body) -> _Sampling:
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     try:
-        return model_cls.model_validate(body)
+        req = model_cls.model_validate(body)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"] if not str(x).startswith(("function-", "list[", "str", "int")))
+        errs = e.errors()
+        # a field this server does not know comes first: it is the clearest thing to fix
+        extra = [x for x in errs if x["type"] == "extra_forbidden"]
+        err = extra[0] if extra else errs[0]
+        where = ".".join(str(x) for x in err["loc"] if not str(x).startswith(
+            ("function-", "list[", "str", "int", "literal[", "ToolChoiceFunction", "dict[")))
         # unions report one error per branch; the first names the field and what was wrong
         msg = err["msg"]
         if err["type"] == "missing":
             msg = "field required"
+        if err["type"] == "extra_forbidden":
+            raise APIError(400, f"'{where}' is not supported by this server (it would be ignored, so the "
+                           "request is refused)", param=where, code="unsupported_parameter") from None
         raise APIError(400, f"invalid '{where}': {msg}" if where else msg, param=where or None,
                        code="invalid_value") from None
+    bad = req.unsupported()
+    if bad is not None:
+        raise APIError(400, f"'{bad}' = {getattr(req, bad)!r} is not supported by this server (only its default "
+                       "is accepted)", param=bad, code="unsupported_parameter")
+    return req
 
 
 def new_id(prefix: str) -> str:
@@ -143,3 +318,130 @@ def now() -> int:
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
+
+
+# -- tool calls ---------------------------------------------------------------------------------------------
+
+_TOOL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+
+
+def _call(obj, names) -> dict | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    if names is not None and obj["name"] not in names:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return {"id": new_id("call"), "type": "function",
+            "function": {"name": obj["name"], "arguments": json.dumps(args)}}
+
+
+def parse_tool_calls(text: str, names: list[str] | None) -> tuple[str | None, list[dict]]:
+    """``(content, tool_calls)`` from a generated answer; no calls leaves the text as content.
+
+    Recognised: ``<tool_call>{json}</tool_call>`` blocks (Hermes/Qwen; the rest of the text is
+    the content), or an answer that is a single ``{"name": ..., "arguments": {...}}`` object
+    (or a list of them). Only calls of offered tools (``names``) count; a block that does not
+    parse leaves the whole answer as content.
+    """
+    if "<tool_call>" in text:
+        calls = []
+        for m in _TOOL_BLOCK.finditer(text):
+            try:
+                c = _call(json.loads(m.group(1)), names)
+            except ValueError:
+                c = None
+            if c is None:
+                return text, []
+            calls.append(c)
+        content = _TOOL_BLOCK.sub("", text).strip()
+        return (content or None), calls
+    s = text.strip()
+    if s[:1] in "{[":
+        try:
+            obj = json.loads(s)
+        except ValueError:
+            return text, []
+        items = obj if isinstance(obj, list) else [obj]
+        calls = [_call(o, names) for o in items]
+        if calls and all(c is not None for c in calls):
+            return None, calls
+    return text, []
+
+
+def forced_tool_schema(tools: list[dict], name: str | None) -> dict:
+    """The JSON schema of one call ``{"name", "arguments"}`` to tool ``name`` (any offered tool if None)."""
+    options = []
+    for t in tools:
+        f = t["function"]
+        if name is not None and f["name"] != name:
+            continue
+        options.append({"type": "object", "properties": {"name": {"const": f["name"]},
+                                                          "arguments": f.get("parameters") or {"type": "object"}},
+                        "required": ["name", "arguments"], "additionalProperties": False})
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def token_info(tokenizer, token_id: int) -> tuple[str, list[int]]:
+    """A token's text and its UTF-8 bytes (a piece of a multi-byte character decodes to its own bytes)."""
+    piece = tokenizer.convert_ids_to_tokens(int(token_id))
+    text = tokenizer.decode([int(token_id)])
+    raw = None
+    if isinstance(piece, str):
+        try:  # byte-level BPE: the token's own bytes, even for part of a character
+            from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+            dec = {v: k for k, v in bytes_to_unicode().items()}
+            if all(ch in dec for ch in piece):
+                raw = bytes(dec[ch] for ch in piece)
+        except ImportError:
+            raw = None
+    if raw is None:
+        raw = text.encode("utf-8")
+    return text, list(raw)
+
+
+def chat_logprobs(tokenizer, entries) -> dict:
+    """OpenAI chat ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+    content = []
+    for t, lp, top in entries:
+        text, raw = token_info(tokenizer, t)
+        tops = []
+        for tid, tlp in top:
+            ttext, traw = token_info(tokenizer, tid)
+            tops.append({"token": ttext, "logprob": _finite(tlp), "bytes": traw})
+        content.append({"token": text, "logprob": _finite(lp), "bytes": raw, "top_logprobs": tops})
+    return {"content": content}
+
+
+def completion_logprobs(tokenizer, entries, offset0: int = 0) -> dict:
+    """OpenAI completions ``logprobs``: tokens, token_logprobs, top_logprobs, text_offset (None entry = first prompt token)."""
+    tokens, lps, tops, offsets = [], [], [], []
+    pos = offset0
+    for e in entries:
+        t = e[0] if e is not None else None
+        text = token_info(tokenizer, t)[0] if t is not None else ""
+        tokens.append(text)
+        offsets.append(pos)
+        pos += len(text)
+        if e is None or e[1] is None:
+            lps.append(None)
+            tops.append(None)
+        else:
+            lps.append(_finite(e[1]))
+            top: dict[str, float] = {}
+            for tid, tlp in e[2]:
+                top.setdefault(token_info(tokenizer, tid)[0], _finite(tlp))
+            tops.append(top)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _finite(x: float) -> float:
+    return x if x > -1e30 else -9999.0  # JSON has no -inf; OpenAI clients expect a number
+

@@ -2,14 +2,27 @@
 
 ``build_app(engine, ServerConfig(...))`` returns a FastAPI app serving
 ``/v1/chat/completions``, ``/v1/completions`` (``n``, ``temperature``,
-``top_p``, ``max_tokens``, ``stop``, ``seed``, ``stream``), ``/v1/models``,
-``/health`` and ``/metrics``. The app starts the engine's background loop
+``top_p``, ``max_tokens``, ``stop``, ``seed``, ``stream``; ``top_k``, ``min_p``,
+``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``;
+``logprobs``/``top_logprobs`` on chat, ``logprobs``/``echo`` on completions;
+``response_format`` json_object/json_schema by grammar-constrained decoding
+(xgrammar on the transformers engine, vLLM's structured outputs on vLLM);
+``tools``/``tool_choice`` with the answer parsed into ``tool_calls``, streamed
+as ``tool_calls`` deltas once the answer is complete; a forced ``tool_choice``
+(``required`` or a named function) constrains the answer to one call's JSON),
+``/v1/models`` (the model and each LoRA adapter the engine loaded; a request's
+``model`` picks the adapter), ``/health`` and ``/metrics`` (llmkit's names and
+vLLM's). A field the server cannot honour is a 400 naming it (protocol.py).
+
+Chat prompts are tokenized with ``engine.encode_chat``: message content is
+text, so a special-token string typed into a message never becomes a control
+token (``llmkit.generation.encode_chat``). The app starts the engine's background loop
 (``engine.start_streaming``) on startup and stops it on shutdown, after
 uvicorn has let in-flight requests finish.
 
 Every request is validated, tokenized and checked against the limits before
 it takes a concurrency slot; a request that would exceed ``max_concurrency``
-gets 429 at once rather than waiting unboundedly. Each choice is one engine
+gets 429 (with ``Retry-After``) at once rather than waiting unboundedly. Each choice is one engine
 sequence; their events arrive on the engine thread and are handed to the
 event loop. A client that leaves (mid-stream or while waiting) has its
 sequences cancelled and its slot freed.
@@ -46,10 +59,14 @@ from llmkit.serving.protocol import (
     APIError,
     ChatRequest,
     CompletionRequest,
+    chat_logprobs,
+    completion_logprobs,
     error_body,
+    forced_tool_schema,
     new_id,
     now,
     parse,
+    parse_tool_calls,
     usage,
 )
 
@@ -70,10 +87,24 @@ class ServerConfig:
     # run the guard's prompt pass beside generation (Guard.prefill): hides it only when a core is free;
     # on a busy CPU it competes with generation and costs one more pass (bench/guard.py --quick: no gain)
     guard_prefill: bool = False
+    retry_after_s: int = 1  # the Retry-After header of a 429
 
 
 class _ClientGone(Exception):
     pass
+
+
+class _Plan:
+    """What one request asks of the engine, worked out before it takes a slot."""
+
+    def __init__(self, chat: bool, req):
+        self.chat, self.req = chat, req
+        self.adapter: str | None = None
+        self.tools: list[dict] | None = None  # offered to the model
+        self.parse_tools = False  # parse tool calls out of the answer
+        self.forced_tool = False  # tool_choice required / named: the answer is one call (grammar)
+        self.grammar = None
+        self.prompt_texts: list[str] = []  # completions' echo
 
 
 class _Server:
@@ -81,11 +112,12 @@ class _Server:
         if cfg.guard_action not in GUARD_ACTIONS:
             raise ValueError(f"guard action must be one of {', '.join(GUARD_ACTIONS)}")
         self.engine, self.cfg = engine, cfg
-        self.metrics = Metrics()
+        self.metrics = Metrics(cfg.model_name)
         self.streamer = None
         self.active = 0
         self.shutting_down = False
         self.vocab_size = len(engine.tokenizer)
+        self.adapters = dict(getattr(engine, "adapters", None) or {})
 
     # lifecycle ---------------------------------------------------------
     @asynccontextmanager
@@ -121,7 +153,45 @@ class _Server:
     def encode(self, text: str) -> list[int]:
         return self.engine.tokenizer.encode(text, add_special_tokens=False)
 
-    def plan(self, req, prompt_ids: list[list[int]]) -> list[GenerationParams]:
+    def served_names(self) -> list[str]:
+        return [self.cfg.model_name, *self.adapters]
+
+    def pick_model(self, plan: _Plan) -> None:
+        name = plan.req.model
+        if name is None or name == self.cfg.model_name:
+            return
+        if name in self.adapters:
+            plan.adapter = name
+            return
+        raise APIError(404, f"the model '{name}' does not exist; this server serves "
+                       + ", ".join(f"'{n}'" for n in self.served_names()), param="model", code="model_not_found")
+
+    def guided(self, plan: _Plan) -> dict | None:
+        """The grammar the answer must follow (response_format, or a forced tool call), checked up front."""
+        req, guided = plan.req, None
+        if req.response_format is not None:
+            try:
+                guided = req.response_format.guided()
+            except ValueError as e:
+                raise APIError(400, str(e), param="response_format") from None
+        if plan.chat and req.tools and req.tool_choice not in (None, "auto", "none"):
+            if guided is not None:
+                raise APIError(400, "response_format json_object/json_schema cannot be combined with a forced "
+                               "tool_choice (the answer is then the tool call)", param="response_format")
+            name = None if req.tool_choice == "required" else req.tool_choice.function.name
+            guided = {"json": forced_tool_schema(plan.tools, name)}
+            plan.forced_tool = True
+        if guided is not None and guided.get("json") is not None:
+            import jsonschema
+
+            try:
+                jsonschema.validators.validator_for(guided["json"]).check_schema(guided["json"])
+            except jsonschema.SchemaError as e:
+                param = "tools" if plan.forced_tool else "response_format"
+                raise APIError(400, f"invalid JSON schema: {e.message}", param=param) from None
+        return guided
+
+    def plan(self, req, prompt_ids: list[list[int]], extra: dict | None = None) -> list[GenerationParams]:
         """Check lengths and build one GenerationParams per choice (prompt-major order)."""
         limit = self.cfg.max_model_len
         asked = req.requested_max_tokens()
@@ -141,7 +211,8 @@ class _Server:
             for j in range(req.n):
                 seed = None if req.seed is None else req.seed + j
                 out.append(GenerationParams(max_new_tokens=asked or room, temperature=req.temperature,
-                                            top_p=req.top_p, stop=req.stop_list(), seed=seed))
+                                            top_p=req.top_p, stop=req.stop_list(), seed=seed, **req.sampling(),
+                                            **(extra or {})))
         return out
 
     def acquire(self):
@@ -149,7 +220,7 @@ class _Server:
             raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
         if self.active >= self.cfg.max_concurrency:
             raise APIError(429, f"too many concurrent requests (limit {self.cfg.max_concurrency}); retry later",
-                           type="rate_limit_exceeded", code="too_many_requests")
+                           type="rate_limit_exceeded", code="too_many_requests", retry_after=self.cfg.retry_after_s)
         self.active += 1
         self.metrics.active.set(self.active)
 
@@ -158,7 +229,7 @@ class _Server:
         self.metrics.active.set(self.active)
 
     # generation ----------------------------------------------------------
-    def launch(self, prompt_ids, params_list, n):
+    def launch(self, prompt_ids, params_list, n, plan: _Plan | None = None):
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         reqs = []
@@ -168,7 +239,8 @@ class _Server:
                     loop.call_soon_threadsafe(q.put_nowait, (k, ev))
                 except RuntimeError:  # event loop already closed: nobody is listening
                     pass
-            reqs.append(StreamRequest(prompt_ids[k // n], params, on_event))
+            reqs.append(StreamRequest(prompt_ids[k // n], params, on_event,
+                                      adapter=plan.adapter if plan else None, grammar=plan.grammar if plan else None))
         for r in reqs:
             self.streamer.submit(r)
         return q, reqs
@@ -204,15 +276,41 @@ class _Server:
                 text = await asyncio.to_thread(guard.correct, view, messages, params)
         return text, finish, {"score": score, "flagged": flagged, "action": action if flagged else "none"}
 
-    def _record_done(self, prompt_ids, counts):
+    def _record_done(self, prompt_ids, counts, finishes, n, t0):
         self.metrics.prompt_tokens.inc(sum(len(p) for p in prompt_ids))
         self.metrics.completion_tokens.inc(sum(counts))
+        elapsed = time.perf_counter() - t0
+        for i, c in enumerate(counts):
+            self.metrics.vllm.finished(len(prompt_ids[i // n]), c, finishes[i] or "abort", elapsed)
 
-    async def complete(self, request, chat, req, prompt_ids, params_list, messages_list):
-        q, reqs = self.launch(prompt_ids, params_list, req.n)
+    def _first_token(self, t0):
+        dt = time.perf_counter() - t0
+        self.metrics.ttft.observe(dt)
+        self.metrics.vllm.ttft.labels(*self.metrics.vllm.labels).observe(dt)
+
+    def _tool_split(self, plan: _Plan, text: str):
+        """``(content, tool_calls)`` of one answer when tools are in play, else ``(text, [])``."""
+        if not plan.parse_tools:
+            return text, []
+        content, calls = parse_tool_calls(text, [t["function"]["name"] for t in plan.tools or []])
+        if calls and plan.req.parallel_tool_calls is False:
+            calls = calls[:1]
+        return content, calls
+
+    def _logprobs(self, plan: _Plan, entries, prompt_entries=None, offset0=0):
+        tok = self.engine.tokenizer
+        if plan.chat:
+            return chat_logprobs(tok, entries)
+        return completion_logprobs(tok, (prompt_entries or []) + list(entries), offset0)
+
+    async def complete(self, request, plan: _Plan, prompt_ids, params_list, messages_list):
+        req, chat = plan.req, plan.chat
+        q, reqs = self.launch(prompt_ids, params_list, req.n, plan)
         prefills = self.guard_prefill(messages_list)
         k = len(reqs)
         texts, counts, finish = [""] * k, [0] * k, [None] * k
+        lps: list[list] = [[] for _ in range(k)]
+        plps: list = [None] * k
         t0, first = time.perf_counter(), True
         try:
             pending = k
@@ -227,17 +325,22 @@ class _Server:
                     raise APIError(503 if self.shutting_down else 500, f"generation failed: {ev.error}",
                                    type="server_error")
                 if first and ev.text:
-                    self.metrics.ttft.observe(time.perf_counter() - t0)
+                    self._first_token(t0)
                     first = False
                 texts[i] += ev.text
                 counts[i] = ev.n_tokens
+                if ev.logprobs:
+                    lps[i] += ev.logprobs
+                if ev.prompt_logprobs is not None:
+                    plps[i] = ev.prompt_logprobs
                 if ev.finish_reason:
                     finish[i] = ev.finish_reason
                     pending -= 1
         finally:
             for r in reqs:
                 self.streamer.cancel(r)  # no-op for finished ones
-        self._record_done(prompt_ids, counts)
+        self._record_done(prompt_ids, counts, finish, req.n, t0)
+        want_lp = req.logprobs_k() is not None
         choices = []
         for i in range(k):
             choice = {"index": i, "finish_reason": finish[i], "logprobs": None}
@@ -248,43 +351,64 @@ class _Server:
                 choice["finish_reason"] = override or finish[i]
                 choice["guard"] = verdict
             if chat:
-                choice["message"] = {"role": "assistant", "content": text}
+                content, calls = self._tool_split(plan, text)
+                choice["message"] = {"role": "assistant", "content": content}
+                if calls:
+                    choice["message"]["tool_calls"] = calls
+                    if choice["finish_reason"] == "stop":
+                        choice["finish_reason"] = "tool_calls"
+                if want_lp:
+                    choice["logprobs"] = self._logprobs(plan, lps[i])
             else:
-                choice["text"] = text
+                echo = plan.prompt_texts[i // req.n] if req.echo else ""
+                choice["text"] = echo + text
+                if want_lp:
+                    choice["logprobs"] = self._logprobs(plan, lps[i], plps[i] if req.echo else None)
             choices.append(choice)
         return {
             "id": new_id("chatcmpl" if chat else "cmpl"),
             "object": "chat.completion" if chat else "text_completion",
             "created": now(),
-            "model": self.cfg.model_name,
+            "model": req.model or self.cfg.model_name,
             "choices": choices,
             "usage": usage(sum(len(p) for p in prompt_ids), sum(counts)),
         }
 
-    async def stream(self, chat, req, prompt_ids, params_list, messages_list, reqs_box):
-        q, reqs = self.launch(prompt_ids, params_list, req.n)
+    async def stream(self, plan: _Plan, prompt_ids, params_list, messages_list, reqs_box):
+        req, chat = plan.req, plan.chat
+        q, reqs = self.launch(prompt_ids, params_list, req.n, plan)
         reqs_box.extend(reqs)
         prefills = self.guard_prefill(messages_list)
         k = len(reqs)
         rid, created = new_id("chatcmpl" if chat else "cmpl"), now()
         obj = "chat.completion.chunk" if chat else "text_completion"
-        hold = self.cfg.guard is not None and self.cfg.guard_action in ("block", "correct")
-        texts, counts = [""] * k, [0] * k
+        model = req.model or self.cfg.model_name
+        guard_hold = self.cfg.guard is not None and self.cfg.guard_action in ("block", "correct")
+        # with tools in play the answer is held until it is known whether it is a call (then tool_calls deltas)
+        hold = guard_hold or plan.parse_tools
+        want_lp = req.logprobs_k() is not None
+        texts, counts, finishes = [""] * k, [0] * k, [None] * k
+        lp_wait: list[list] = [[] for _ in range(k)]
+        started = [False] * k
 
-        def chunk(i, text=None, finish=None, extra=None):
+        def chunk(i, text=None, finish=None, extra=None, entries=None, prompt_entries=None, delta=None):
+            lp = None
+            if want_lp and (entries or prompt_entries):
+                offset0 = 0
+                lp = self._logprobs(plan, entries or [], prompt_entries, offset0)
             if chat:
-                delta = {} if text is None else {"content": text}
-                c = {"index": i, "delta": delta, "finish_reason": finish, "logprobs": None}
+                d = delta if delta is not None else ({} if text is None else {"content": text})
+                c = {"index": i, "delta": d, "finish_reason": finish, "logprobs": lp}
             else:
-                c = {"index": i, "text": text or "", "finish_reason": finish, "logprobs": None}
+                c = {"index": i, "text": text or "", "finish_reason": finish, "logprobs": lp}
             if extra:
                 c.update(extra)
-            body = {"id": rid, "object": obj, "created": created, "model": self.cfg.model_name, "choices": [c]}
+            body = {"id": rid, "object": obj, "created": created, "model": model, "choices": [c]}
             return f"data: {json.dumps(body)}\n\n"
 
         if chat:
             for i in range(k):
-                body = {"id": rid, "object": obj, "created": created, "model": self.cfg.model_name,
+                body = {"id": rid, "object": obj, "created": created, "model": model,
                         "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                      "finish_reason": None, "logprobs": None}]}
                 yield f"data: {json.dumps(body)}\n\n"
@@ -296,61 +420,101 @@ class _Server:
                 yield f"data: {json.dumps(err)}\n\n"
                 return
             counts[i] = ev.n_tokens
+            if ev.logprobs:
+                lp_wait[i] += ev.logprobs
+            if not chat and req.echo and not started[i]:  # completions' echo: the prompt comes first
+                started[i] = True
+                yield chunk(i, plan.prompt_texts[i // req.n], prompt_entries=ev.prompt_logprobs or None)
             if ev.text:
                 if first:
-                    self.metrics.ttft.observe(time.perf_counter() - t0)
+                    self._first_token(t0)
                     first = False
                 texts[i] += ev.text
                 if not hold:
-                    yield chunk(i, ev.text)
+                    entries, lp_wait[i] = lp_wait[i], []
+                    yield chunk(i, ev.text, entries=entries)
             if ev.finish_reason:
                 pending -= 1
+                finishes[i] = ev.finish_reason
                 finish, extra = ev.finish_reason, None
+                text = texts[i]
                 if self.cfg.guard is not None:
                     text, override, verdict = await self.guard_verdict(messages_list[i // req.n], texts[i],
                                                                        params_list[i], prefills[i // req.n])
                     finish, extra = override or finish, {"guard": verdict}
-                    if hold and text:
-                        yield chunk(i, text)
-                yield chunk(i, None, finish, extra)
-        self._record_done(prompt_ids, counts)
+                entries, lp_wait[i] = lp_wait[i], []
+                if hold:
+                    content, calls = self._tool_split(plan, text) if chat else (text, [])
+                    if content:
+                        yield chunk(i, content, entries=entries)
+                        entries = []
+                    for j, c in enumerate(calls):
+                        yield chunk(i, delta={"tool_calls": [{"index": j, **c}]}, entries=entries)
+                        entries = []
+                    if calls and finish == "stop":
+                        finish = "tool_calls"
+                yield chunk(i, None, finish, extra, entries=entries)
+        self._record_done(prompt_ids, counts, finishes, req.n, t0)
         if req.stream_options is not None and req.stream_options.include_usage:
-            body = {"id": rid, "object": obj, "created": created, "model": self.cfg.model_name, "choices": [],
+            body = {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
                     "usage": usage(sum(len(p) for p in prompt_ids), sum(counts))}
             yield f"data: {json.dumps(body)}\n\n"
         yield "data: [DONE]\n\n"
 
     # endpoint --------------------------------------------------------------
+    async def prepare(self, request: Request, chat: bool):
+        """Parse, check and tokenize one request: ``(plan, prompt_ids, params_list, messages_list)``."""
+        self.auth(request)
+        req = parse(ChatRequest if chat else CompletionRequest, await self.body(request))
+        plan = _Plan(chat, req)
+        self.pick_model(plan)
+        if chat:
+            messages = [m.as_dict() for m in req.messages]
+            plan.tools = req.active_tools()
+            plan.parse_tools = plan.tools is not None
+            try:
+                ids = self.engine.encode_chat(messages, tools=plan.tools)
+            except Exception as e:  # noqa: BLE001 - any template failure is a 400 for these messages
+                raise APIError(400, f"the chat template rejected these messages: {e}", param="messages") from None
+            prompt_ids, messages_list = [ids], [messages]
+        else:
+            prompt_ids, messages_list = [], []
+            for p in req.prompts():
+                if isinstance(p, str):
+                    prompt_ids.append(self.encode(p))
+                    messages_list.append([{"role": "user", "content": p}])
+                    plan.prompt_texts.append(p)
+                else:
+                    if any(t < 0 or t >= self.vocab_size for t in p):
+                        raise APIError(400, f"prompt token ids must be in [0, {self.vocab_size})", param="prompt")
+                    prompt_ids.append(list(p))
+                    text = self.engine.tokenizer.decode(p)
+                    messages_list.append([{"role": "user", "content": text}])
+                    plan.prompt_texts.append(text)
+        guided = self.guided(plan)
+        k = req.logprobs_k()
+        extra = {"logprobs": k, "guided": guided}
+        if not chat and req.echo and k is not None:
+            extra["prompt_logprobs"] = k
+        params_list = self.plan(req, prompt_ids, extra)
+        if guided is not None:
+            try:
+                plan.grammar = await asyncio.to_thread(self.engine.compile_grammar, guided)
+            except Exception as e:  # noqa: BLE001 - the grammar compiler's complaint is about this request
+                raise APIError(400, f"cannot build a grammar for this schema: {e}",
+                               param="tools" if plan.forced_tool else "response_format") from None
+        return plan, prompt_ids, params_list, messages_list
+
     async def handle(self, request: Request, chat: bool):
         try:
-            self.auth(request)
-            req = parse(ChatRequest if chat else CompletionRequest, await self.body(request))
-            if req.model is not None and req.model != self.cfg.model_name:
-                raise APIError(404, f"the model '{req.model}' does not exist; this server serves "
-                               f"'{self.cfg.model_name}'", param="model", code="model_not_found")
-            if chat:
-                messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-                try:
-                    prompt = self.engine.chat_prompt(messages)
-                except Exception as e:  # noqa: BLE001 - any template failure is a 400 for these messages
-                    raise APIError(400, f"the chat template rejected these messages: {e}", param="messages")
-                prompt_ids, messages_list = [self.encode(prompt)], [messages]
-            else:
-                prompt_ids, messages_list = [], []
-                for p in req.prompts():
-                    if isinstance(p, str):
-                        prompt_ids.append(self.encode(p))
-                        messages_list.append([{"role": "user", "content": p}])
-                    else:
-                        if any(t < 0 or t >= self.vocab_size for t in p):
-                            raise APIError(400, f"prompt token ids must be in [0, {self.vocab_size})", param="prompt")
-                        prompt_ids.append(list(p))
-                        messages_list.append([{"role": "user", "content": self.engine.tokenizer.decode(p)}])
-            params_list = self.plan(req, prompt_ids)
+            plan, prompt_ids, params_list, messages_list = await self.prepare(request, chat)
             self.acquire()
         except APIError as e:
             self.metrics.errors.labels(e.type).inc()
             return e.response()
+        req = plan.req
+        self.metrics.vllm.max_tokens.labels(*self.metrics.vllm.labels).observe(params_list[0].max_new_tokens)
+        self.metrics.vllm.n.labels(*self.metrics.vllm.labels).observe(req.n)
 
         if req.stream:
             reqs: list[StreamRequest] = []
@@ -363,9 +527,9 @@ class _Server:
                     released.set()
                     self.release()
 
-            return _SSEResponse(self.stream(chat, req, prompt_ids, params_list, messages_list, reqs), cleanup)
+            return _SSEResponse(self.stream(plan, prompt_ids, params_list, messages_list, reqs), cleanup)
         try:
-            return JSONResponse(await self.complete(request, chat, req, prompt_ids, params_list, messages_list))
+            return JSONResponse(await self.complete(request, plan, prompt_ids, params_list, messages_list))
         except APIError as e:
             self.metrics.errors.labels(e.type).inc()
             return e.response()
@@ -391,11 +555,11 @@ class _EngineView:
         return getattr(self._engine, name)
 
     def generate(self, prompts, params: GenerationParams, n: int = 1, progress: bool = False):
-        from llmkit.generation import Completion
+        from llmkit.generation import Completion, prompt_ids
 
         jobs = []
         for p in prompts:
-            ids = self._engine.tokenizer.encode(p, add_special_tokens=False)
+            ids = prompt_ids(self._engine.tokenizer, p)  # a ChatPrompt's safe ids where content held markup
             for _ in range(n):
                 done, parts, last = threading.Event(), [], []
 
@@ -463,8 +627,14 @@ def build_app(engine, cfg: ServerConfig) -> FastAPI:
         except APIError as e:
             server.metrics.errors.labels(e.type).inc()
             return e.response()
-        return {"object": "list", "data": [{"id": cfg.model_name, "object": "model", "created": now(),
-                                            "owned_by": "llmkit", "max_model_len": cfg.max_model_len}]}
+        created = now()
+        data = [{"id": cfg.model_name, "object": "model", "created": created, "owned_by": "llmkit",
+                 "root": getattr(engine, "model_name", cfg.model_name), "parent": None,
+                 "max_model_len": cfg.max_model_len}]
+        for name, path in server.adapters.items():  # each LoRA adapter is a model of its own (as in vLLM)
+            data.append({"id": name, "object": "model", "created": created, "owned_by": "llmkit", "root": str(path),
+                         "parent": cfg.model_name, "max_model_len": cfg.max_model_len})
+        return {"object": "list", "data": data}
 
     @app.get("/health")
     async def health():
