@@ -9,6 +9,7 @@ with warnings.catch_warnings():  # TRL marks its experimental package with a war
     warnings.simplefilter("ignore")
     from trl.experimental.gkd import GKDConfig
 
+from llmkit.optim.hf import LlmkitOptimMixin
 from llmkit.train.halo.schedule import METHODS
 
 
@@ -70,12 +71,12 @@ class HaloArguments:
 
 
 @dataclass
-class HaloConfig(GKDConfig):
+class HaloConfig(LlmkitOptimMixin, GKDConfig):
     """TRL's SFT settings (GKDConfig subclasses SFTConfig) plus the distillation keys.
 
     Setting ``teacher_model_name_or_path`` switches the run from SFT to knowledge distillation
     (GKD; ``lmbda=0`` makes it off-policy KD on the dataset's completions). Without a teacher the
-    GKD keys are ignored.
+    GKD keys are ignored. ``optim`` also takes llmkit's optimizers (``llmkit.optim.hf``).
     """
 
     output_dir: str = field(default="outputs/halo", metadata={"help": "checkpoints, metrics, plots, results"})

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
+from llmkit.optim.hf import LlmkitOptimTrainerMixin
 from llmkit.train.halo.controller import HaloController, optimizer_state_bytes
 from llmkit.train.halo.schedule import Schedule, homotopy_t
 from llmkit.train.halo.units import layer_units
@@ -90,7 +91,7 @@ class HaloTrainerMixin:
 def _sft_trainer():
     from trl import SFTTrainer
 
-    class HaloSFTTrainer(HaloTrainerMixin, SFTTrainer):
+    class HaloSFTTrainer(LlmkitOptimTrainerMixin, HaloTrainerMixin, SFTTrainer):
         pass
 
     return HaloSFTTrainer
@@ -103,7 +104,7 @@ def _gkd_trainer():
         warnings.simplefilter("ignore")
         from trl.experimental.gkd import GKDTrainer
 
-    class HaloGKDTrainer(HaloTrainerMixin, GKDTrainer):
+    class HaloGKDTrainer(LlmkitOptimTrainerMixin, HaloTrainerMixin, GKDTrainer):
         pass
 
     return HaloGKDTrainer

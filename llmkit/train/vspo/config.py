@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from llmkit.optim.hf import LlmkitOptimMixin
+
 MODES = ("vspo", "grpo", "guidance")
 SPREADS = ("linspace", "uniform")
 ANNEALS = ("linear", "cosine", "none")
@@ -13,7 +15,7 @@ CORRECTIONS = ("none", "token_truncate", "sequence_truncate")
 
 
 @dataclass
-class VSPOConfig(GRPOConfig):
+class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
     """Vector-Steered Policy Optimization. ``mode=grpo`` is the reward-shaped GRPO baseline (same rewards,
     alpha = 0); ``mode=guidance`` trains nothing and evaluates the base model steered at ``guidance_alpha``."""
 

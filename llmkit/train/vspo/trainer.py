@@ -39,6 +39,7 @@ import math
 import torch
 from trl import GRPOTrainer
 
+from llmkit.optim.hf import LlmkitOptimTrainerMixin
 from llmkit.steering import Steering, SteeringVector, check_compatible
 
 
@@ -67,7 +68,7 @@ def group_alphas(num_generations: int, top: float, spread: str, generator: torch
     return a
 
 
-class VSPOTrainer(GRPOTrainer):
+class VSPOTrainer(LlmkitOptimTrainerMixin, GRPOTrainer):
     """``GRPOTrainer`` with steered rollouts. ``steering_vector`` may be None only when ``args.alpha_max == 0``
     or ``args.mode == 'grpo'`` (then it is plain GRPO through the same code path)."""
 
