@@ -31,23 +31,117 @@ def register(sub):
     p.add_argument("--guard-action", choices=("annotate", "block", "correct"), default="annotate",
                    help="what to do with flagged answers (default annotate)")
     p.add_argument("--enforce-eager", action="store_true", help="vllm engine: skip graph capture (faster start)")
+    p.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                   help="LoRA adapters (PEFT folders) served beside the base model, each a model name in /v1/models "
+                   "(vLLM's syntax; also JSON '{\"name\": ..., \"path\": ...}'). hf engine: PEFT named adapters, "
+                   "one per request row; vllm engine: enable_lora + LoRARequest. Without --model the base model is "
+                   "the first adapter's base_model_name_or_path")
+    p.add_argument("--enable-lora", action="store_true", help="accepted for vLLM compatibility (implied by --lora-modules)")
+    p.add_argument("--max-lora-rank", type=positive_int, default=None,
+                   help="vllm engine: largest adapter rank (default: from the adapters' configs)")
+    p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+                   help="a Jinja chat template (file or the template text) used instead of the tokenizer's")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code from its folder/hub")
+    p.add_argument("--device", default=None,
+                   help="hf engine: where the model runs: cpu (default), cuda, cuda:N, mps, or 'auto' "
+                   "(accelerate's device_map='auto' across the visible GPUs)")
+    p.add_argument("--tensor-parallel-size", type=positive_int, default=None,
+                   help="vllm engine: GPUs to shard the model over (vLLM's tensor_parallel_size)")
+    p.add_argument("--pipeline-parallel-size", type=positive_int, default=None,
+                   help="vllm engine: pipeline stages (vLLM's pipeline_parallel_size)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="vllm engine: fraction of GPU memory vLLM may take (vLLM's default 0.9)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads (default: torch's choice); 1 is often faster on a busy shared CPU")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run)
 
 
+def parse_lora_modules(items) -> dict[str, str]:
+    """``name=path`` (or vLLM's JSON form) -> ``{name: path}``; each path must be a PEFT adapter folder."""
+    import json
+    from pathlib import Path
+
+    from llmkit.cli import UserError
+
+    out: dict[str, str] = {}
+    for item in items or []:
+        if item.lstrip().startswith("{"):
+            try:
+                d = json.loads(item)
+                name, path = d["name"], d["path"]
+            except (ValueError, KeyError, TypeError):
+                raise UserError(f"--lora-modules {item!r}: the JSON form needs \"name\" and \"path\"") from None
+        else:
+            name, sep, path = item.partition("=")
+            if not sep or not name or not path:
+                raise UserError(f"--lora-modules {item!r}: write NAME=PATH (e.g. math=outputs/halo-lora)")
+        if name in out:
+            raise UserError(f"--lora-modules: the name '{name}' is given twice")
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise UserError(f"--lora-modules {name}={path}: no adapter_config.json there (not a PEFT adapter folder)")
+        out[name] = str(path)
+    return out
+
+
+def adapter_base(path: str) -> str | None:
+    """The base model an adapter folder names (``base_model_name_or_path``)."""
+    import json
+    from pathlib import Path
+
+    try:
+        return json.loads((Path(path) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError):
+        return None
+
+
+def _chat_template(value: str | None) -> str | None:
+    from pathlib import Path
+
+    from llmkit.cli import UserError
+
+    if value is None:
+        return None
+    p = Path(value)
+    if "{" not in value and not p.is_file():
+        raise UserError(f"--chat-template {value}: no such file (give a file or the template text itself)")
+    return p.read_text() if "{" not in value else value
+
+
 def build_engine(args):
     """The engine named by the flags; user mistakes raise UserError before anything heavy loads."""
     from llmkit.cli import UserError
 
+    loras = parse_lora_modules(getattr(args, "lora_modules", None))
+    template = _chat_template(getattr(args, "chat_template", None))
+    if loras and not args.model:
+        args.model = adapter_base(next(iter(loras.values())))
+    trust = bool(getattr(args, "trust_remote_code", False))
     if args.engine == "vllm":
         if args.kv_cache:
             raise UserError("--kv-cache works only with --engine hf (vLLM manages its own KV cache)")
+        if getattr(args, "device", None):
+            raise UserError("--device works only with --engine hf (vLLM places the model itself; "
+                            "use --tensor-parallel-size to shard it over GPUs)")
         from llmkit.engines.vllm import VLLMEngine
 
         kw = {"enforce_eager": True} if args.enforce_eager else {}
-        return VLLMEngine(args.model, dtype=args.dtype or "bfloat16", max_model_len=args.max_model_len, **kw)
+        for flag, key in (("tensor_parallel_size", "tensor_parallel_size"),
+                          ("pipeline_parallel_size", "pipeline_parallel_size"),
+                          ("gpu_memory_utilization", "gpu_memory_utilization"), ("max_lora_rank", "max_lora_rank")):
+            if getattr(args, flag, None) is not None:
+                kw[key] = getattr(args, flag)
+        if trust:
+            kw["trust_remote_code"] = True
+        engine = VLLMEngine(args.model, dtype=args.dtype or "bfloat16", max_model_len=args.max_model_len,
+                            lora_modules=loras or None, **kw)
+        if template is not None:
+            engine.tokenizer.chat_template = template
+        return engine
+    for flag in ("tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "max_lora_rank"):
+        if getattr(args, flag, None) is not None:
+            raise UserError(f"--{flag.replace('_', '-')} works only with --engine vllm "
+                            "(the hf engine takes --device cuda or --device auto)")
     cache_factory = None
     if args.kv_cache:
         from llmkit.serving.kv_cache import cache_factory as make_cache_factory
@@ -58,7 +152,23 @@ def build_engine(args):
             raise UserError(f"--kv-cache {args.kv_cache}: {e}") from None
     from llmkit.engines.hf import HFEngine
 
-    return HFEngine(args.model, dtype=args.dtype or "float32", cache_factory=cache_factory)
+    device = getattr(args, "device", None)
+    kw = {"device_map": "auto"} if device == "auto" else {"device": device or "cpu"}
+    if device and device not in ("auto", "cpu"):
+        import torch
+
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise UserError(f"--device {device}: torch sees no CUDA device here")
+    engine = HFEngine(args.model, dtype=args.dtype or "float32", cache_factory=cache_factory, trust_remote_code=trust,
+                      **kw)
+    if template is not None:
+        engine.tokenizer.chat_template = template
+    if loras:
+        try:
+            engine.load_adapters(loras)
+        except (ValueError, OSError) as e:
+            raise UserError(f"--lora-modules: {e}") from None
+    return engine
 
 
 def load_guard(args, model_name: str):
@@ -75,6 +185,7 @@ def load_guard(args, model_name: str):
 
 
 def run(args) -> int:
+    from llmkit.cli import UserError
     from llmkit.models import DEFAULT_MODEL
     from llmkit.serving.server import ServerConfig, build_app, serve
 
@@ -82,6 +193,12 @@ def run(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.guard and args.lora_modules:
+        raise UserError("--guard and --lora-modules cannot be combined: a guard is fitted on one model's hidden "
+                        "states, and the adapters change them")
+    loras = parse_lora_modules(args.lora_modules)  # fails fast on a wrong folder
+    if loras and not args.model:
+        args.model = adapter_base(next(iter(loras.values())))
     name = args.served_model_name or args.model or DEFAULT_MODEL
     guard = load_guard(args, name)  # before the engine: a wrong guard folder fails in a second
     engine = build_engine(args)
@@ -89,7 +206,8 @@ def run(args) -> int:
                        max_model_len=args.max_model_len, max_batch_size=args.max_batch_size,
                        guard=guard, guard_action=args.guard_action)
     app = build_app(engine, cfg)
-    print(f"llmkit serve: model '{name}' on the {engine.name} engine at http://{args.host}:{args.port}/v1 "
+    extra = f" + adapters {', '.join(loras)}" if loras else ""
+    print(f"llmkit serve: model '{name}'{extra} on the {engine.name} engine at http://{args.host}:{args.port}/v1 "
           f"(OpenAI-compatible; /health, /metrics)", flush=True)
     try:
         serve(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -388,23 +388,36 @@ def forced_tool_schema(tools: list[dict], name: str | None) -> dict:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def token_info(tokenizer, token_id: int) -> tuple[str, list[int]]:
-    """A token's text and its UTF-8 bytes (a piece of a multi-byte character decodes to its own bytes)."""
-    piece = tokenizer.convert_ids_to_tokens(int(token_id))
-    text = tokenizer.decode([int(token_id)])
-    raw = None
-    if isinstance(piece, str):
-        try:  # byte-level BPE: the token's own bytes, even for part of a character
-            from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet reversed: the printable character standing for each byte -> the byte."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
 
-            dec = {v: k for k, v in bytes_to_unicode().items()}
-            if all(ch in dec for ch in piece):
-                raw = bytes(dec[ch] for ch in piece)
-        except ImportError:
-            raw = None
-    if raw is None:
-        raw = text.encode("utf-8")
-    return text, list(raw)
+
+_BYTES = _byte_decoder()
+_HEX_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def token_info(tokenizer, token_id: int) -> tuple[str, list[int]]:
+    """A token's text and its bytes; a piece of a multi-byte character gets its own bytes, not U+FFFD's."""
+    text = tokenizer.decode([int(token_id)])
+    piece = tokenizer.convert_ids_to_tokens(int(token_id))
+    if isinstance(piece, str) and piece:
+        m = _HEX_BYTE.fullmatch(piece)  # SentencePiece byte fallback
+        if m:
+            return text, [int(m.group(1), 16)]
+        if all(ch in _BYTES for ch in piece):  # byte-level BPE
+            raw = bytes(_BYTES[ch] for ch in piece)
+            if "\ufffd" in text or raw.decode("utf-8", "replace") == text:
+                return text, list(raw)
+    return text, list(text.encode("utf-8"))
 
 
 def chat_logprobs(tokenizer, entries) -> dict:

@@ -57,10 +57,12 @@ def _backbone(model):
 
 
 def _encode(tokenizer, prompt_messages, response, max_length, max_response_tokens):
-    from llmkit.generation import chat_prompt
+    from llmkit.generation import encode_chat, encode_text
 
-    p_ids = tokenizer(chat_prompt(tokenizer, prompt_messages), add_special_tokens=False)["input_ids"]
-    r_ids = tokenizer(response, add_special_tokens=False)["input_ids"][:max_response_tokens]
+    # content is text: a special-token string in a message or the response is not a control token here
+    # either, so the guard reads the same tokens the server generated from
+    p_ids = encode_chat(tokenizer, prompt_messages)
+    r_ids = encode_text(tokenizer, response)[:max_response_tokens]
     keep_prompt = max(1, max_length - len(r_ids))
     p_ids = p_ids[-keep_prompt:]  # keep the end of a long prompt: it is what the response reads last
     return p_ids, r_ids
@@ -220,9 +222,9 @@ def prefill(model, tokenizer, prompt_messages: list[dict], layers: list[int], *,
     """Run the prompt through the blocks the guard needs; ``None`` when it is too long to keep whole."""
     from transformers import DynamicCache
 
-    from llmkit.generation import chat_prompt
+    from llmkit.generation import encode_chat
 
-    p_ids = tokenizer(chat_prompt(tokenizer, prompt_messages), add_special_tokens=False)["input_ids"]
+    p_ids = encode_chat(tokenizer, prompt_messages)
     if not p_ids or len(p_ids) >= max_length:
         return None
     device = next(model.parameters()).device
@@ -244,7 +246,9 @@ def capture_after_prefill(model, tokenizer, pre: Prefill, response: str, layers:
     """
     import copy
 
-    r_ids = tokenizer(response, add_special_tokens=False)["input_ids"][:max_response_tokens]
+    from llmkit.generation import encode_text
+
+    r_ids = encode_text(tokenizer, response)[:max_response_tokens]
     if len(pre.ids) + len(r_ids) > max_length or max(layers) > max(pre.layers):
         return None
     if not r_ids:
