@@ -12,6 +12,7 @@ MODES = ("vspo", "grpo", "guidance")
 SPREADS = ("linspace", "uniform")
 ANNEALS = ("linear", "cosine", "none")
 CORRECTIONS = ("none", "token_truncate", "sequence_truncate")
+REWARD_AGGREGATIONS = ("sum", "upgrad")
 
 
 @dataclass
@@ -59,6 +60,10 @@ class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
         "help": "none (on-policy latent self-distillation, the paper's choice) | token_truncate | "
                 "sequence_truncate: weight each steered rollout by min(pi/q_alpha, importance_clip)"})
     importance_clip: float = field(default=2.0, metadata={"help": "cap on the importance ratio"})
+    reward_aggregation: str = field(default="sum", metadata={
+        "help": "sum (GRPO: the weighted rewards are summed, then normalised per group) | upgrad (each reward "
+                "function's own group-normalised, weighted advantages give its own policy-gradient loss, and "
+                "Jacobian descent with UPGrad combines the per-reward gradients; llmkit.optim.jd)"})
     # ---- evaluation before/after
     eval_path: str | None = field(default="../shared/data/gsm8k/test.jsonl", metadata={
         "help": "GSM8K-style test file for behaviour rate and accuracy before/after (unset: skip)"})
@@ -81,7 +86,8 @@ class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
         super().__post_init__()
         for name, value, allowed in (("mode", self.mode, MODES), ("alpha_spread", self.alpha_spread, SPREADS),
                                      ("alpha_anneal", self.alpha_anneal, ANNEALS),
-                                     ("importance_correction", self.importance_correction, CORRECTIONS)):
+                                     ("importance_correction", self.importance_correction, CORRECTIONS),
+                                     ("reward_aggregation", self.reward_aggregation, REWARD_AGGREGATIONS)):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got '{value}'")
         if self.alpha_max < 0 or self.alpha_final < 0:
@@ -92,6 +98,9 @@ class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
             raise ValueError("stop_after_minutes must be >= 0")
         if self.importance_clip <= 0:
             raise ValueError("importance_clip must be > 0")
+        if self.reward_aggregation != "sum" and self.importance_correction != "none":
+            raise ValueError("reward_aggregation upgrad works on per-reward advantages; use it with "
+                             "importance_correction none")
         if self.mode != "grpo" and self.use_vllm:
             raise ValueError("VSPO steers rollouts with a forward hook on the training model, which vLLM "
                              "rollouts bypass: set use_vllm false (or mode grpo)")

@@ -113,7 +113,10 @@ def plot_reward_curves(metrics: Path, png: Path, title: str) -> Path | None:
     series: dict[str, tuple[list, list]] = {k: ([], []) for k in CURVE_KEYS}
     for line in metrics.read_text().splitlines():
         rec = json.loads(line)
-        for k in CURVE_KEYS:
+        per_reward = [k for k in rec if k.startswith("rewards/") and k.endswith("/mean")]  # one curve per reward
+        for k in per_reward:
+            series.setdefault(k, ([], []))
+        for k in list(CURVE_KEYS) + per_reward:
             if isinstance(rec.get(k), (int, float)):
                 series[k][0].append(rec["step"])
                 series[k][1].append(rec[k])

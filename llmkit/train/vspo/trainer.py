@@ -26,6 +26,14 @@ sampling, as TRL does for vLLM mismatch) for users who prefer a less biased, hig
 it costs one extra steered forward pass per generation batch. It is applied by scaling the advantages per
 token, which for GRPO's clipped loss is the same as scaling the per-token loss (the scale is positive).
 
+Reward aggregation (``reward_aggregation``): ``sum`` is GRPO's (weighted rewards summed, then normalised per
+group). ``upgrad`` keeps the rewards apart: reward k's group-normalised advantages (times its weight) give its
+own clipped-surrogate loss L_k, all computed from one forward pass, and Jacobian descent (UPGrad over torchjd,
+``llmkit.optim.jd``; paper: ../shared/seeds/004_ead6308da16bc4ed.txt) combines grad L_1..grad L_K into a
+direction that improves no reward at the expense of another to first order. Per-reward losses and UPGrad's
+weights are logged as ``jd/loss/<reward>`` and ``jd/weight/<reward>``. Single process only (the aggregated
+gradient is written outside DDP's reducer); each micro-batch is aggregated on its own.
+
 Deviations from the paper: the intensity schedule (linspace/uniform spread, linear/cosine annealing) is
 our reading of "varying steering intensities"; steering is applied at every position of prompt and
 completion (activation addition) at the configured layers; rollouts use transformers generation (the hook
@@ -84,6 +92,9 @@ class VSPOTrainer(LlmkitOptimTrainerMixin, GRPOTrainer):
                 raise ValueError("VSPO steers transformers generation; disable use_vllm and continuous batching")
             check_compatible(self.accelerator.unwrap_model(self.model), steering_vector)
         self._alpha_gen = torch.Generator().manual_seed(int(cfg.seed))
+        if getattr(cfg, "reward_aggregation", "sum") != "sum" and self.accelerator.num_processes > 1:
+            raise ValueError("reward_aggregation upgrad runs in a single process (its gradient bypasses DDP's "
+                             "all-reduce); use reward_aggregation sum for multi-process runs")
         self._current_alphas: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ intensities
@@ -131,7 +142,77 @@ class VSPOTrainer(LlmkitOptimTrainerMixin, GRPOTrainer):
         self._log_reward_by_steering(alphas.to(device), mode)
         if self._steering_on and mode == "train" and self.args.importance_correction != "none" and (alphas > 0).any():
             self._apply_importance_correction(out, alphas.to(device), mode)
+        if getattr(self.args, "reward_aggregation", "sum") != "sum":
+            adv = self.per_reward_advantages(getattr(self, "_last_rewards_per_func", None), mode)
+            if adv is not None:
+                n = out["completion_ids"].shape[0]
+                start = self.accelerator.process_index * n
+                out["advantages_per_reward"] = adv[start:start + n].to(device)
         return out
+
+    # ------------------------------------------------------------------ per-reward advantages + Jacobian descent
+    def per_reward_advantages(self, rewards_per_func: torch.Tensor | None, mode: str = "train") -> torch.Tensor | None:
+        """(global B, K) advantages: reward k normalised within each group (as GRPO normalises the summed reward,
+        following ``scale_rewards``) and multiplied by its weight; rows a reward skipped (None) get 0."""
+        if rewards_per_func is None:
+            return None
+        g = self.num_generations if mode == "train" else self.num_generations_eval
+        r = rewards_per_func.float()
+        grouped = r.view(-1, g, r.shape[1])
+        mean = torch.nanmean(grouped, dim=1, keepdim=True)
+        adv = grouped - mean
+        if self.scale_rewards == "group" and g > 1:
+            centred = torch.where(torch.isnan(grouped), torch.zeros_like(grouped), adv)
+            count = (~torch.isnan(grouped)).sum(dim=1, keepdim=True).clamp_min(2)
+            std = (centred.pow(2).sum(dim=1, keepdim=True) / (count - 1)).sqrt()
+            adv = adv / (std + 1e-4)
+        elif self.scale_rewards == "batch":
+            flat = r - torch.nanmean(r, dim=0, keepdim=True)
+            std = torch.sqrt(torch.nanmean(flat.pow(2), dim=0) * r.shape[0] / max(r.shape[0] - 1, 1))
+            adv = adv / (std.view(1, 1, -1) + 1e-4)
+        adv = adv.view(-1, r.shape[1]) * self.reward_weights.to(adv.device).unsqueeze(0)
+        return torch.nan_to_num(adv, nan=0.0)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        adv = inputs.get("advantages_per_reward") if isinstance(inputs, dict) else None
+        if getattr(self.args, "reward_aggregation", "sum") == "sum" or adv is None or not model.training:
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+        from llmkit.optim import jd
+
+        # one forward pass: the K losses reuse the same per-token log-probabilities (and graph)
+        real = self._get_per_token_logps_and_entropies
+        cache: dict = {}
+
+        def cached(*a, **kw):
+            if "v" not in cache:
+                cache["v"] = real(*a, **kw)
+            return cache["v"]
+
+        self._get_per_token_logps_and_entropies = cached
+        try:
+            losses = [super(VSPOTrainer, self).compute_loss(model, {**inputs, "advantages": adv[:, k]},
+                                                            num_items_in_batch=num_items_in_batch)
+                      for k in range(adv.shape[1])]
+        finally:
+            del self._get_per_token_logps_and_entropies
+        # the Trainer divides the returned loss by the accumulation steps before backward; do the same here
+        scaled = getattr(self, "loss_is_scaled_for_ga", None)
+        if scaled is None:
+            scaled = (self.model_accepts_loss_kwargs and num_items_in_batch is not None) \
+                or self.compute_loss_func is not None
+        scale = 1.0 if scaled else 1.0 / self.current_gradient_accumulation_steps
+        params = [p for p in model.parameters() if p.requires_grad]
+        weights = jd.backward_with_weights([loss * scale for loss in losses], params,
+                                           aggregator=self.args.reward_aggregation,
+                                           parallel_chunk_size=1)  # TRL's chunked log-prob kernel has no vmap rule
+        names = getattr(self, "reward_func_names", [f"reward_{k}" for k in range(len(losses))])
+        for k, (name, loss) in enumerate(zip(names, losses)):
+            self._metrics["train"][f"jd/loss/{name}"].append(float(loss.detach()))
+            if weights is not None and len(weights) == len(losses):
+                self._metrics["train"][f"jd/weight/{name}"].append(float(weights[k]))
+        # gradients are already in .grad: hand back a graph-free leaf so the Trainer's backward adds nothing
+        return torch.stack([loss.detach() for loss in losses]).sum().requires_grad_()
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
