@@ -12,4 +12,5 @@ METHODS: dict[str, str] = {
     "vspo": "llmkit.train.vspo.recipe",
     "hgms": "llmkit.train.hgms.recipe",
     "lqzo": "llmkit.train.lqzo.recipe",
+    "smith": "llmkit.train.smith.recipe",
 }

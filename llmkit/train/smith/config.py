@@ -1,0 +1,71 @@
+"""``SmithConfig``: TRL's ``GRPOConfig`` plus the build/use mix, the reward axes, the pool, the sandbox and the
+held-out evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+AGGREGATIONS = ("normalize_then_sum", "sum_then_normalize", "combined")
+
+
+@dataclass
+class SmithConfig(GRPOConfig):
+    """SMITH: one policy trained on build rollouts (write a tool from K examples) and use rollouts (call a pooled
+    tool), rewarded on three separate axes (schema, code, outcome)."""
+
+    # ---- tasks and the rollout mix
+    train_families: str = field(default="train", metadata={
+        "help": "families for training: 'train' (the nine training families) or a comma list; held-out families "
+                "are refused"})
+    num_prompts: int = field(default=256, metadata={"help": "training rows generated (build and use mixed)"})
+    build_ratio: float = field(default=0.5, metadata={
+        "help": "fraction of rows that are build tasks; the rest are use tasks (a use row whose family has no "
+                "pooled tool yet is served as a build row, so the pool is seeded by the policy's own builds)"})
+    build_examples: int = field(default=3, metadata={"help": "K input/output examples in a build prompt"})
+    build_checks: int = field(default=4, metadata={"help": "fresh instances a built tool is run on for rewards"})
+    pass_threshold: float = field(default=1.0, metadata={
+        "help": "verification accuracy (outcome) at which a built tool joins the pool"})
+    # ---- rewards
+    reward_aggregation: str = field(default="normalize_then_sum", metadata={
+        "help": "normalize_then_sum (each axis z-scored in its group, then weighted sum: the paper's separate "
+                "axes) | sum_then_normalize (TRL default: weighted sum, then group normalization) | combined (the "
+                "ablation: one reward function returning schema+code+outcome as a single scalar)"})
+    schema_weight: float = field(default=1.0, metadata={"help": "weight of the schema axis"})
+    code_weight: float = field(default=1.0, metadata={"help": "weight of the code axis"})
+    outcome_weight: float = field(default=1.0, metadata={"help": "weight of the outcome axis"})
+    # ---- pool and sandbox
+    pool_dir: str | None = field(default=None, metadata={
+        "help": "tool pool (folder, or a .sqlite file); default <output_dir>/pool"})
+    sandbox_timeout: float = field(default=2.0, metadata={"help": "wall-clock seconds per tool call"})
+    sandbox_memory_mb: int = field(default=256, metadata={"help": "address-space limit of the sandbox"})
+    unsafe_no_sandbox: bool = field(default=False, metadata={
+        "help": "run tool code WITHOUT bubblewrap where user namespaces are unavailable (never the default)"})
+    # ---- optional supervised warm start (documented deviation)
+    warm_start_steps: int = field(default=0, metadata={
+        "help": "SFT steps on reference-tool traces of the TRAINING families before RL (0 = off). Only training "
+                "families' reference tools are used; held-out families stay unseen"})
+    warm_start_lr: float = field(default=5e-5, metadata={"help": "learning rate of the warm start"})
+    # ---- evaluation (held-out families, before/after)
+    eval_families: str = field(default="heldout", metadata={"help": "families for the evaluation"})
+    eval_n: int = field(default=10, metadata={"help": "questions per evaluated family (0 = no evaluation)"})
+    eval_max_new_tokens: int = field(default=256, metadata={"help": "generation budget at evaluation"})
+    eval_before: bool = field(default=False, metadata={"help": "also evaluate the starting model"})
+    tiny_model_seed: int = field(default=0, metadata={"help": "seed of the tiny-llama test model"})
+
+    def __post_init__(self):
+        if self.reward_aggregation not in AGGREGATIONS:
+            raise ValueError(f"reward_aggregation must be one of {', '.join(AGGREGATIONS)}, "
+                             f"got '{self.reward_aggregation}'")
+        if not 0.0 <= self.build_ratio <= 1.0:
+            raise ValueError("build_ratio must be in [0, 1]")
+        if self.build_examples < 1 or self.build_checks < 1:
+            raise ValueError("build_examples and build_checks must be >= 1")
+        self.multi_objective_aggregation = ("sum_then_normalize" if self.reward_aggregation == "combined"
+                                            else self.reward_aggregation)
+        if self.reward_aggregation == "combined":
+            self.reward_weights = None
+        else:
+            self.reward_weights = [self.schema_weight, self.code_weight, self.outcome_weight]
+        super().__post_init__()

@@ -1,0 +1,211 @@
+"""``llmkit train smith``: SMITH, one policy trained to build tools and to use them, with three reward axes.
+
+Paper: "SMITH: Schema-grounded Multi-task Iterative Tool Honing" (../shared/seeds/004_ead6308da16bc4ed.txt).
+Tool-creation systems prompt a frozen model, so the writer never learns whether it can invoke what it wrote.
+SMITH trains creation and use in one policy with RL:
+
+1. each rollout is a **build** task (K input/output examples of a procedural family -> a tool: JSON Schema +
+   Python function) or a **use** task (a question + a pooled tool's schema -> a tool call and an answer);
+2. build code runs in a sandbox (``llmkit.tools.sandbox``: bubblewrap, no network, rlimits) on fresh instances;
+   tools that pass join the pool that later use tasks draw from;
+3. three reward functions score **schema** (valid JSON Schema matching the function's signature; for use, the
+   call validates), **code** (runs within limits, returns the declared type) and **outcome** (exact verifier),
+   each ``None`` where it does not apply; GRPO normalizes each axis in its group before the weighted sum
+   (``normalize_then_sum``), so each failure mode has its own gradient.
+
+Where this code deviates, and why:
+* Rollouts are single-turn. A use reply holds the call and an ``Answer:`` line; the call's value is the answer (the
+  policy does not see the tool's result in a second turn). It keeps one generation per row, which is what GRPO on
+  CPU can afford; the outcome axis still checks the pooled tool end to end.
+* The pool grows inside the trainer (TRL fixes ``tools=`` at start), see ``SmithTrainer``.
+* 13 families: ten from reasoning-gym (exact verifiers of our own), two of our own, nine for training and four
+  held out; the paper's families are not public.
+* ``warm_start_steps`` > 0 first fine-tunes (SFT, TRL's ``SFTTrainer``) on the reference tools' build traces of the
+  TRAINING families only; a model as small as the bundled 135M one otherwise never writes a parseable tool, and
+  RL has no signal. Off by default; the bench says when it is used.
+* The "combined" aggregation (one scalar reward = schema + code + outcome) is the paper's ablation.
+
+Outputs in ``output_dir``: ``resolved_config.yaml``; ``pool/`` (the tools the policy built, with provenance);
+``checkpoint-*/`` (rerunning the same command resumes from the last one; the pool on disk carries over);
+the final model; ``metrics.jsonl`` (``rewards/schema_reward/mean``, ``rewards/code_reward/mean``,
+``rewards/outcome_reward/mean``, ``smith/pool_size`` ...); ``reward_curves.png``; ``eval.json`` (held-out
+macro accuracy: the trained writer's tools used by the policy, and no tools).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from trl import ModelConfig
+
+from llmkit.train.smith.config import SmithConfig
+
+CONFIG_CLASSES = (SmithConfig, ModelConfig)
+AXES = ("schema_reward", "code_reward", "outcome_reward")
+CURVE_KEYS = tuple(f"rewards/{a}/mean" for a in AXES) + ("rewards/combined_reward/mean", "smith/pool_size")
+
+
+def _resume_arg(value, out: Path):
+    if isinstance(value, str) and value.lower() in ("true", "last", "latest"):
+        return True
+    if value:
+        return value
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(str(out)) if out.is_dir() else None
+    if last:
+        print(f"resuming from {last}")
+    return last
+
+
+def reward_functions(cfg: SmithConfig, pool):
+    """(reward funcs, SmithRewards): the three axes, or the single combined scalar for the ablation."""
+    from llmkit.rewards.tools import SmithRewards
+    from llmkit.tools.sandbox import Limits
+
+    def add(spec, family, score, step):
+        spec.meta["family"] = family
+        pool.add(spec, family, score, step=step, source="policy")
+
+    r = SmithRewards(checks=cfg.build_checks, pass_threshold=cfg.pass_threshold, on_pass=add,
+                     limits=Limits(timeout=cfg.sandbox_timeout, memory_mb=cfg.sandbox_memory_mb),
+                     unsafe=cfg.unsafe_no_sandbox)
+    if cfg.reward_aggregation != "combined":
+        return r.funcs, r
+
+    def combined_reward(completions=None, **kw):
+        parts = [f(completions=completions, **kw) for f in r.funcs]
+        return [None if all(p[i] is None for p in parts) else
+                cfg.schema_weight * (parts[0][i] or 0.0) + cfg.code_weight * (parts[1][i] or 0.0)
+                + cfg.outcome_weight * (parts[2][i] or 0.0) for i in range(len(parts[0]))]
+
+    return [combined_reward], r
+
+
+def warm_start(cfg: SmithConfig, model, tok, families, out: Path):
+    """A short SFT on reference build traces (and use traces with the reference tool) of the training families."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from llmkit.tools import tasks
+    from llmkit.tools.rollouts import build_prompt, reference_build_trace, reference_use_trace, use_prompt
+
+    rows = []
+    for i in range(max(cfg.warm_start_steps * cfg.per_device_train_batch_size, len(families))):
+        fam = tasks.get(families[i % len(families)])
+        if i % 2 == 0:
+            rows.append({"prompt": build_prompt(fam, fam.generate(cfg.build_examples, seed=10_000 + i)),
+                         "completion": [{"role": "assistant", "content": reference_build_trace(fam)}]})
+        else:
+            inst = fam.generate(1, seed=10_000 + i)[0]
+            rows.append({"prompt": use_prompt(inst, fam.reference),
+                         "completion": [{"role": "assistant", "content": reference_use_trace(inst, fam.reference)}]})
+    args = SFTConfig(output_dir=str(out / "warm_start"), max_steps=cfg.warm_start_steps,
+                     per_device_train_batch_size=cfg.per_device_train_batch_size, learning_rate=cfg.warm_start_lr,
+                     logging_steps=max(1, cfg.warm_start_steps // 5), save_strategy="no", report_to="none",
+                     use_cpu=cfg.use_cpu, bf16=cfg.bf16, seed=cfg.seed, max_length=1024)
+    SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok).train()
+    return model
+
+
+def evaluate_policy(model, tok, cfg: SmithConfig, out: Path, tag: str) -> dict:
+    """The policy writes a tool per evaluated family (into ``<out>/eval_pool_<tag>``) and answers held-out questions
+    with it; also without tools. Families are never built from the evaluation questions."""
+    from llmkit.tools import tasks
+    from llmkit.tools.evaluate import build_tools, evaluate, local_generator
+    from llmkit.tools.pool import ToolPool
+    from llmkit.tools.sandbox import Limits
+
+    fams = tasks.names(cfg.eval_families)
+    gen = local_generator(model, tok, max_new_tokens=cfg.eval_max_new_tokens)
+    limits = Limits(timeout=cfg.sandbox_timeout, memory_mb=cfg.sandbox_memory_mb)
+    pool = ToolPool(out / f"eval_pool_{tag}")
+    built = build_tools(gen, fams, pool, examples=cfg.build_examples, checks=cfg.build_checks,
+                        min_score=cfg.pass_threshold, source=f"policy-{tag}", limits=limits,
+                        unsafe=cfg.unsafe_no_sandbox)
+    with_tools = evaluate(gen, fams, pool=pool, n=cfg.eval_n, limits=limits, unsafe=cfg.unsafe_no_sandbox)
+    no_tools = evaluate(gen, fams, mode="none", n=cfg.eval_n)
+    print(f"eval {tag}: held-out macro with own tools {with_tools['macro']:.3f}, without tools "
+          f"{no_tools['macro']:.3f}, tools built {sum(b['added'] for b in built.values())}/{len(fams)}")
+    return {"with_tools": with_tools, "no_tools": no_tools,
+            "built": {k: {a: v[a] for a in ("schema", "code", "outcome", "added")} for k, v in built.items()}}
+
+
+def plot_reward_curves(metrics: Path, png: Path, title: str) -> Path | None:
+    from llmkit.train.common import plot_curves
+
+    if not metrics.is_file():
+        return None
+    series: dict[str, tuple[list, list]] = {k: ([], []) for k in CURVE_KEYS}
+    for line in metrics.read_text().splitlines():
+        rec = json.loads(line)
+        for k in CURVE_KEYS:
+            if isinstance(rec.get(k), (int, float)):
+                series[k][0].append(rec["step"])
+                series[k][1].append(rec[k])
+    series = {k.replace("rewards/", "").replace("/mean", ""): v for k, v in series.items() if v[0]}
+    return plot_curves(series, png, title=title, ylabel="reward / pool size") if series else None
+
+
+def main(cfg: SmithConfig, model_args: ModelConfig | None = None) -> int:
+    from datasets import Dataset
+    from trl import get_peft_config
+
+    from llmkit.models import load_for_training
+    from llmkit.tools import sandbox, tasks
+    from llmkit.tools.pool import ToolPool
+    from llmkit.train.common import MetricsJsonlCallback, save_resolved_config
+    from llmkit.train.smith.trainer import SmithTrainer, make_rows
+
+    model_args = model_args or ModelConfig()
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ok, why = sandbox.check_available()
+    if not ok and not cfg.unsafe_no_sandbox:
+        raise ValueError(f"{why}. SMITH runs model-written code; refusing to run it unconfined. Set "
+                         "unsafe_no_sandbox: true to run it without isolation at your own risk.")
+    families = tasks.names(cfg.train_families)
+    leaked = set(families) & set(tasks.HELDOUT_FAMILIES)
+    if leaked:
+        raise ValueError(f"train_families includes held-out families {sorted(leaked)}; they must stay unseen")
+    print(f"saved {save_resolved_config(out, cfg, model_args)}")
+    model, tok = load_for_training(model_args, output_dir=out, seed=cfg.tiny_model_seed)
+    pool = ToolPool(cfg.pool_dir or out / "pool")
+    resume = _resume_arg(cfg.resume_from_checkpoint, out)
+    results: dict = {"model": str(model_args.model_name_or_path), "reward_aggregation": cfg.reward_aggregation,
+                     "warm_start_steps": cfg.warm_start_steps}
+    eval_json = out / "eval.json"
+    if resume and eval_json.is_file():
+        results.update({k: v for k, v in json.loads(eval_json.read_text()).items() if k in ("before",)})
+    if cfg.eval_before and cfg.eval_n > 0 and not resume:
+        results["before"] = evaluate_policy(model, tok, cfg, out, "before")
+    if cfg.warm_start_steps > 0 and not resume:
+        t0 = time.time()
+        model = warm_start(cfg, model, tok, families, out)
+        results["warm_start_seconds"] = round(time.time() - t0, 1)
+    funcs, _ = reward_functions(cfg, pool)
+    rows = make_rows(families, cfg.num_prompts, cfg.build_ratio, cfg.build_examples, seed=cfg.seed)
+    trainer = SmithTrainer(model=model, args=cfg, reward_funcs=funcs, train_dataset=Dataset.from_list(rows),
+                           processing_class=tok, peft_config=get_peft_config(model_args), pool=pool,
+                           build_examples=cfg.build_examples,
+                           callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")])
+    t0 = time.time()
+    trainer.train(resume_from_checkpoint=resume)
+    results["train_seconds"] = round(time.time() - t0, 1)
+    results["steps"] = trainer.state.global_step
+    trainer.save_model(str(out))
+    results["pool_size"] = len(pool)
+    results["pool_growth"] = pool.growth()
+    results["pool"] = [{"family": e.family, "name": e.spec.name, "score": e.score, "step": e.step}
+                       for e in pool.entries()]
+    if cfg.eval_n > 0:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        results["after"] = evaluate_policy(model, tok, cfg, out, "after")
+    png = plot_reward_curves(out / "metrics.jsonl", out / "reward_curves.png", f"SMITH ({cfg.reward_aggregation})")
+    if png:
+        print(f"reward curves: {png}")
+    eval_json.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"pool: {len(pool)} tool(s) in {pool.path}; results: {eval_json}")
+    return 0

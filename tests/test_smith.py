@@ -1,0 +1,84 @@
+"""SMITH recipe: row mix, pool-driven use prompts, passing builds join the pool, 2 steps through `llmkit train smith`."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from llmkit.tools import ToolPool, sandbox, tasks
+from llmkit.tools.rollouts import reference_build_trace
+
+needs_sandbox = pytest.mark.skipif(not sandbox.check_available()[0], reason="bubblewrap cannot run here")
+
+
+def test_rows_mix_build_and_use_and_keep_heldout_out():
+    from llmkit.train.smith.trainer import make_rows
+
+    rows = make_rows(tasks.TRAIN_FAMILIES, 40, 0.25, examples=2)
+    assert sum(r["row_kind"] == "build" for r in rows) == 10
+    assert {r["family"] for r in rows} == set(tasks.TRAIN_FAMILIES)
+    assert not {r["family"] for r in rows} & set(tasks.HELDOUT_FAMILIES)
+    assert all(json.loads(r["instance"])["question"] for r in rows)
+
+
+def _cfg(tmp_path, **kw):
+    from llmkit.train.smith.config import SmithConfig
+
+    return SmithConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none",
+                       per_device_train_batch_size=2, num_generations=2, **kw)
+
+
+def test_config_aggregations(tmp_path):
+    c = _cfg(tmp_path, schema_weight=0.5, outcome_weight=2.0)
+    assert c.multi_objective_aggregation == "normalize_then_sum" and c.reward_weights == [0.5, 1.0, 2.0]
+    assert _cfg(tmp_path, reward_aggregation="combined").multi_objective_aggregation == "sum_then_normalize"
+    with pytest.raises(ValueError, match="reward_aggregation"):
+        _cfg(tmp_path, reward_aggregation="mean")
+
+
+@needs_sandbox
+def test_passing_build_joins_pool_and_use_rows_follow_it(tmp_path):
+    from llmkit.train.smith.recipe import reward_functions
+    from llmkit.train.smith.trainer import SmithTrainer, make_rows
+
+    pool = ToolPool(tmp_path / "pool")
+    funcs, _ = reward_functions(_cfg(tmp_path, build_checks=3), pool)
+    fake = SimpleNamespace(pool=pool, build_examples=2)
+    row = next(r for r in make_rows(["gcd"], 4, 0.0, examples=2))
+    resolved = SmithTrainer.resolve_row(fake, dict(row))
+    assert resolved["kind"] == "build" and resolved["tool"] == ""  # empty pool: the use row builds instead
+    good = reference_build_trace(tasks.get("gcd"))
+    bad = good.replace("return g", "return g + 1")
+    kw = {"kind": ["build", "build"], "family": ["gcd", "gcd"], "seed": [1, 1],
+          "trainer_state": SimpleNamespace(global_step=3)}
+    for f in funcs:
+        f(completions=[bad, good], **kw)
+    assert len(pool) == 1
+    entry = pool.best("gcd")
+    assert entry.step == 3 and entry.source == "policy" and entry.score == 1.0
+    resolved = SmithTrainer.resolve_row(fake, dict(row))
+    assert resolved["kind"] == "use" and json.loads(resolved["tool"])["name"] == "gcd_of"
+    text = resolved["prompt"][-1]["content"]
+    assert "gcd_of" in text and "def gcd_of" not in text  # the schema, never the code
+
+
+@needs_sandbox
+def test_tiny_recipe_two_steps_through_cli(tmp_path, repo_root, monkeypatch):
+    from llmkit.cli import main
+
+    monkeypatch.chdir(repo_root)
+    out = tmp_path / "run"
+    rc = main(["train", "smith", "--config", "recipes/configs/smith/tiny_cpu.yaml", "--output_dir", str(out)])
+    assert rc == 0
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "rewards/schema_reward/mean" in m]
+    assert len(steps) == 2
+    for m in steps:
+        for axis in ("schema_reward", "code_reward", "outcome_reward"):
+            assert f"rewards/{axis}/mean" in m
+        assert "smith/pool_size" in m
+    res = json.loads((out / "eval.json").read_text())
+    assert res["steps"] == 2 and (out / "pool").is_dir() and (out / "resolved_config.yaml").is_file()
+    assert (out / "checkpoint-2").is_dir() and (out / "reward_curves.png").is_file()
