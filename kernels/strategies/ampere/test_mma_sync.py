@@ -1,0 +1,31 @@
+"""ampere / mma_sync: Ampere tensor cores through warp-level mma.sync (m16n8k16 for bf16/fp16, fp32 accumulate).
+
+When it pays: Any GEMM-shaped inner loop in 16-bit precision; ~16x the FMA rate.
+Expert kernel: ``ex.run_matmul(ex.matmul_kernel)`` (source in llmkit/kernels/workbench/examples.py).
+Broken twin: ``ex.run_matmul(ex.matmul_fma_kernel)``: broadcast-multiply-and-sum on CUDA cores; it must fail the presence check.
+"""
+
+from llmkit.kernels.workbench import examples as ex
+from llmkit.kernels.workbench.check import check_strategy
+
+ARCH, STRATEGY = "ampere", "mma_sync"
+PRECISIONS = ('bf16', 'fp16')
+
+
+def good():
+    return ex.run_matmul(ex.matmul_kernel)
+
+
+def broken():
+    return ex.run_matmul(ex.matmul_fma_kernel)
+
+
+def test_mma_sync_correct_and_present():
+    r = check_strategy(ARCH, STRATEGY, good)
+    assert r.correct, f"max abs err {r.max_abs_err}"
+    assert r.present, f"{STRATEGY} not in the {ARCH} code; found {r.found}; {r.compile_error}"
+
+
+def test_mma_sync_broken_twin_fails():  # a test of the test
+    r = check_strategy(ARCH, STRATEGY, broken)
+    assert not r.present, f"{STRATEGY} wrongly recognized in the broken twin: {r.evidence}"

@@ -1,0 +1,31 @@
+"""blackwell / tcgen05_mma: 5th-generation tensor cores: tcgen05.mma issued by one thread, accumulator in Tensor Memory (TMEM, tcgen05.alloc / tcgen05.ld) instead of registers.
+
+When it pays: Every GEMM-like loop with a 128-row tile; frees the register file for epilogues.
+Expert kernel: ``ex.run_matmul(ex.matmul_kernel)`` (source in llmkit/kernels/workbench/examples.py).
+Broken twin: ``ex.run_matmul(ex.matmul_fma_kernel)``: broadcast-multiply-and-sum on CUDA cores; it must fail the presence check.
+"""
+
+from llmkit.kernels.workbench import examples as ex
+from llmkit.kernels.workbench.check import check_strategy
+
+ARCH, STRATEGY = "blackwell", "tcgen05_mma"
+PRECISIONS = ('bf16', 'fp16')
+
+
+def good():
+    return ex.run_matmul(ex.matmul_kernel)
+
+
+def broken():
+    return ex.run_matmul(ex.matmul_fma_kernel)
+
+
+def test_tcgen05_mma_correct_and_present():
+    r = check_strategy(ARCH, STRATEGY, good)
+    assert r.correct, f"max abs err {r.max_abs_err}"
+    assert r.present, f"{STRATEGY} not in the {ARCH} code; found {r.found}; {r.compile_error}"
+
+
+def test_tcgen05_mma_broken_twin_fails():  # a test of the test
+    r = check_strategy(ARCH, STRATEGY, broken)
+    assert not r.present, f"{STRATEGY} wrongly recognized in the broken twin: {r.evidence}"
