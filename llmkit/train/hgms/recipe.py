@@ -1,0 +1,173 @@
+"""``llmkit train hgms``: SFT on a mixture of data sources whose weights are learned while training.
+
+Outputs in ``output_dir``: ``resolved_config.yaml``, ``checkpoint-*/`` (each with ``hgms_state.json``:
+weights, history, counters; resume with ``--resume_from_checkpoint true``), the final model (or LoRA
+adapter), ``metrics.jsonl`` (losses, ``weight/<source>``, the method's signal), ``loss_curve.png``,
+``source_weights.json`` (``{"final": {name: w}, "history": [{"step": s, "weights": {...}}]}``),
+``source_weights.png`` and ``hgms_results.json`` (losses on the target and held-out sets after
+training, examples per source, extra passes and seconds spent on weighting).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+from trl import ModelConfig
+
+from llmkit.train.hgms.config import HgmsArguments, HgmsConfig
+
+CONFIG_CLASSES = (HgmsArguments, HgmsConfig, ModelConfig)
+
+
+def _resume_arg(value):
+    if isinstance(value, str) and value.lower() in ("true", "last", "latest"):
+        return True
+    return value or None
+
+
+def build_mixture(args: HgmsArguments):
+    """(concatenated prompt/completion Dataset with source_id, sizes, target Dataset, target rows, held-out rows)."""
+    from datasets import concatenate_datasets
+
+    from llmkit.train.common import chat_dataset, load_records
+    from llmkit.train.hgms.mixtures import load_sources
+
+    parts, sizes = [], []
+    for i, (src, rows) in enumerate(zip(args.parsed_sources, load_sources(args.parsed_sources,
+                                                                          args.max_samples_per_source))):
+        ds = chat_dataset(rows, "prompt_completion", where=f"source {src.name!r} ({src.path})")
+        parts.append(ds.add_column("source_id", [i] * len(ds)))
+        sizes.append(len(ds))
+    target_rows, target_ds = None, None
+    if args.target_data:
+        target_rows = load_records(args.target_data, args.target_split, args.target_data_config,
+                                   args.max_target_samples)
+        target_ds = chat_dataset(target_rows, "prompt_completion", where=f"target_data ({args.target_data})")
+    heldout_rows = None
+    if args.heldout_data:
+        heldout_rows = load_records(args.heldout_data, args.heldout_split, None, args.max_heldout_samples)
+    return concatenate_datasets(parts), sizes, target_ds, target_rows, heldout_rows
+
+
+def _reference_model(args: HgmsArguments, model_args: ModelConfig, model, out: Path, is_main: bool):
+    if args.weighting != "doremi":
+        return None
+    if args.doremi_reference_model:
+        from llmkit.models import load_for_training
+
+        ref_args = copy.deepcopy(model_args)
+        ref_args.model_name_or_path = args.doremi_reference_model
+        ref_args.use_peft = False
+        ref, _ = load_for_training(ref_args, output_dir=out, seed=0, is_main=is_main)
+    elif model_args.use_peft:
+        return None  # the trainer switches the adapter off: the base model is the reference
+    else:
+        ref = copy.deepcopy(model)
+    ref.eval().requires_grad_(False)
+    return ref
+
+
+def make_trainer(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args: ModelConfig, *, out: Path,
+                 is_main: bool = True, callbacks=()):
+    """Load the model, the sources and the target, and build the trainer (used by the recipe and the bench)."""
+    from trl import get_peft_config
+
+    from llmkit.cli import UserError
+    from llmkit.models import load_for_training
+    from llmkit.train.common import DataError
+    from llmkit.train.hgms.trainer import WeightController, trainer_class
+
+    if not hgms_args.parsed_sources:
+        raise UserError("hgms: the config names no sources (sources: [{name, path}, ...])")
+    if not hgms_args.target_data and hgms_args.weighting in ("hgms", "doge"):
+        raise UserError(f"hgms: weighting {hgms_args.weighting} needs target_data (the outer objective)")
+    if training_args.packing:
+        raise UserError("hgms: packing mixes sources inside a sequence; set packing: false")
+    training_args.shuffle_dataset = False  # the sampler needs rows in source order
+    try:
+        train_ds, sizes, target_ds, target_rows, heldout_rows = build_mixture(hgms_args)
+    except (DataError, ValueError) as e:
+        raise UserError(str(e)) from None
+    model, tok = load_for_training(model_args, output_dir=out, seed=0, is_main=is_main)
+    reference = _reference_model(hgms_args, model_args, model, out, is_main)
+    names = [s.name for s in hgms_args.parsed_sources]
+    controller = WeightController(names, hgms_args.weighting, initial=hgms_args.initial_weights,
+                                  lr=hgms_args.weights_lr, smoothing=hgms_args.weights_smoothing,
+                                  normalize=hgms_args.weights_normalize, interval=hgms_args.weights_update_interval,
+                                  odm_decay=hgms_args.odm_decay)
+    cls = trainer_class()
+    trainer = cls(model=model, args=training_args, train_dataset=train_ds,
+                  eval_dataset={"target": target_ds} if target_ds is not None else None,
+                  processing_class=tok, peft_config=get_peft_config(model_args), callbacks=list(callbacks),
+                  controller=controller, source_sizes=sizes, probe_batch_size=hgms_args.probe_batch_size,
+                  param_last_layers=hgms_args.hgms_last_layers, param_regex=hgms_args.hgms_param_regex,
+                  lanczos_iters=hgms_args.hgms_lanczos_iters, rtol=hgms_args.hgms_rtol,
+                  select_lr=hgms_args.hgms_select_lr, reference_model=reference)
+    return trainer, tok, target_rows, heldout_rows
+
+
+def main(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args: ModelConfig) -> int:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from llmkit.train.common import MetricsJsonlCallback, completion_loss, plot_metrics_file, save_resolved_config
+    from llmkit.train.hgms.trainer import STATE_FILE
+
+    out = Path(training_args.output_dir)
+    is_main = training_args.process_index == 0
+    if is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"[hgms] weighting {hgms_args.weighting} over sources "
+              f"{', '.join(s.name for s in hgms_args.parsed_sources)}; outputs in {out.resolve()}", flush=True)
+        save_resolved_config(out, hgms_args, training_args, model_args)
+    trainer, tok, target_rows, heldout_rows = make_trainer(
+        hgms_args, training_args, model_args, out=out, is_main=is_main,
+        callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")])
+
+    resume = _resume_arg(training_args.resume_from_checkpoint)
+    if resume:
+        ckpt = get_last_checkpoint(str(out)) if resume is True else str(resume)
+        if ckpt and (Path(ckpt) / STATE_FILE).is_file():
+            trainer.hgms.load(json.loads((Path(ckpt) / STATE_FILE).read_text()))
+    start = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=resume)
+    wall = time.perf_counter() - start
+    trainer.save_model()
+
+    def loss_on(rows):
+        if not rows:
+            return None
+        return completion_loss(trainer.model, tok, rows, max_length=training_args.max_length or 512,
+                               batch_size=training_args.per_device_eval_batch_size)
+
+    target_loss, heldout_loss = loss_on(target_rows), loss_on(heldout_rows)
+    if is_main:
+        c = trainer.hgms
+        wpath = c.save_weights(out / "source_weights.json")
+        png = c.plot(out / "source_weights.png")
+        summary = {
+            "weighting": hgms_args.weighting,
+            "sources": [s.path for s in hgms_args.parsed_sources],
+            "global_step": trainer.state.global_step,
+            "train_loss": result.training_loss,
+            "target_loss": target_loss,
+            "heldout_loss": heldout_loss,
+            "final_weights": c.weights_dict(),
+            "source_examples": dict(zip(c.names, c.source_examples)),
+            "train_tokens": int(getattr(trainer, "_total_train_tokens", 0)),
+            "weight_updates": c.updates,
+            "extra_passes": c.passes,
+            "selection_examples": c.select_examples,
+            "weighting_seconds": c.update_seconds,
+            "train_wall_s": wall,
+        }
+        (out / "hgms_results.json").write_text(json.dumps(summary, indent=2) + "\n")
+        plot_metrics_file(out / "metrics.jsonl", out / "loss_curve.png", title=f"hgms / {hgms_args.weighting}")
+        print("[hgms] final weights: " + ", ".join(f"{n}={w:.3f}" for n, w in c.weights_dict().items()), flush=True)
+        for k in ("train_loss", "target_loss", "heldout_loss"):
+            if summary[k] is not None:
+                print(f"[hgms] {k}: {summary[k]:.4f}", flush=True)
+        print(f"[hgms] weights: {wpath.resolve()}; plot: {png.resolve()}", flush=True)
+    return 0

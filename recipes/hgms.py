@@ -1,0 +1,22 @@
+"""HG-MS data-source reweighting (or a baseline); the same as `llmkit train hgms`.
+
+    python recipes/hgms.py --config recipes/configs/hgms/tiny_cpu.yaml [--key value ...]
+    accelerate launch --num_processes 2 --cpu recipes/hgms.py --config recipes/configs/hgms/tiny_cpu.yaml
+
+The method lives in llmkit/train/hgms/; this script only parses the config and calls it.
+"""
+
+import sys
+
+from llmkit.cli import UserError
+from llmkit.commands.train import parse_method_args
+from llmkit.models import ModelNotFoundError
+
+if __name__ == "__main__":
+    try:
+        module, configs = parse_method_args("hgms", sys.argv[1:])
+        rc = module.main(*configs)
+    except (UserError, ModelNotFoundError) as e:
+        print(f"recipes/hgms.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(rc)
