@@ -37,6 +37,10 @@ def register(sub):
     p.add_argument("--chunk-size", type=positive_int, default=256,
                    help="prompts per engine call; answers are saved after each (default 256: an interrupted run "
                    "loses at most one chunk)")
+    p.add_argument("--prompt-style", choices=["chat", "lm-eval"], default="chat",
+                   help="chat (default): the model's chat template, llmkit's instruction, --num-fewshot shots as "
+                   "earlier turns; lm-eval: lm-eval's own gsm8k prompt (5-shot 'Question: ... Answer:' as plain "
+                   "text, its few-shot sampler, stop at 'Question:', 256 tokens) so scores compare with lm-eval's")
     p.add_argument("--score-gold", action="store_true",
                    help="score the reference solutions as if they were model outputs (grader self-check)")
     p.set_defaults(func=run)
@@ -90,6 +94,9 @@ def run(args) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     for t in tasks:
         get_task(t)  # unknown names fail before any model loads
+    if args.prompt_style == "lm-eval" and any(t.lower() != "gsm8k" for t in tasks):
+        raise UserError("--prompt-style lm-eval is available for gsm8k (other lm-eval tasks: run lm-eval with "
+                        "--model llmkit, see `python -m llmkit.evals.lmeval --help`)")
     data = _data_map(args.data, tasks)
     out = Path(args.output or Path("eval-runs") / time.strftime("%Y%m%d-%H%M%S"))
     engine = None
@@ -102,10 +109,17 @@ def run(args) -> int:
     summaries = {}
     try:
         for t in tasks:
-            s = run_eval(t, engine, data=data[t], limit=args.limit, num_fewshot=args.num_fewshot,
+            task = t
+            num_fewshot = args.num_fewshot
+            if args.prompt_style == "lm-eval":
+                from llmkit.evals.lmeval import LmEvalGSM8K
+
+                task, num_fewshot = LmEvalGSM8K(), LmEvalGSM8K.default_fewshot
+            s = run_eval(task, engine, data=data[t], limit=args.limit, num_fewshot=num_fewshot,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                          n=args.n, seed=args.seed, score_gold=args.score_gold, output_dir=out,
                          chunk_size=args.chunk_size)
+            s["prompt_style"] = args.prompt_style
             summaries[t] = s
             extra = "".join(f", {k} {100 * s[k]:.2f}%" for k in s if k.startswith("pass@"))
             print(f"{t}: {s['primary']} {100 * s['accuracy']:.2f}% (n={s['n']}){extra}; "
@@ -114,5 +128,8 @@ def run(args) -> int:
         if engine is not None:
             engine.close()
     sj, rp = write_report(summaries, out)
-    print(f"results: {sj} and {rp}")
+    from llmkit.evals.lmeval import write_results_json
+
+    lj = write_results_json(summaries, out, {"pretrained": args.model, "engine": args.engine})
+    print(f"results: {sj} and {rp}; lm-eval layout: {lj}")
     return 0

@@ -83,5 +83,15 @@ class GSM8K(Task):
         return {
             "strict_match": float(normalize(ex["strict_match"]) == gold),
             "flexible_extract": float(normalize(ex["flexible_extract"]) == gold),
-            "math_verify": float(verify_answer(self.gold(sample), output)),
+            "math_verify": float(self.math_verify(output, sample)),
         }
+
+    def math_verify(self, output: str, sample) -> bool:
+        """math-verify on the answer the output declares: the number after its first ``####`` when there is
+        one (the format the prompt asks for), else the whole output. Parsing the whole text of a worked
+        solution picks up intermediate results (``33.333...%`` before ``#### 33``, calculator annotations
+        ``<<26+15=41>>``), which marked 4 of the 1319 gold solutions wrong."""
+        declared = strict_extract(output)
+        if declared != INVALID:
+            return verify_answer(self.gold(sample), declared.replace(",", "").rstrip("."), prediction_is_answer=True)
+        return verify_answer(self.gold(sample), re.sub(r"<<[^>]*>>", "", output))

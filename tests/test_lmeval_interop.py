@@ -1,0 +1,127 @@
+"""lm-eval interop: lm-eval's own prompts in ``llmkit eval``, its results layout, and llmkit as an lm-eval model."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def test_prompt_style_lm_eval_builds_lm_evals_own_5_shot_contexts(shared_data):
+    from llmkit.evals.lmeval import LmEvalGSM8K
+
+    task = LmEvalGSM8K()
+    rows = task.load(shared_data / "gsm8k" / "test.jsonl", limit=3)
+    ctx = task.render(None, rows[1])
+    assert ctx.endswith(f"Question: {rows[1]['question']}\nAnswer:")
+    assert ctx.count("Question: ") == 6 and ctx.count("\n#### ") == 5  # 5 solved train examples, then the test
+    assert "<|im_start|>" not in ctx  # plain text completion, no chat template
+    assert task.stop[0] == "Question:" and task.max_new_tokens == 256
+    # the shots differ between documents: lm-eval's seeded sampler, not a fixed prefix
+    assert task.render(None, rows[0]).split("Question: ")[1] != ctx.split("Question: ")[1]
+
+
+def test_results_json_has_lm_eval_layout_and_standard_errors(tmp_path):
+    from llmkit.evals.lmeval import write_results_json
+
+    samples = tmp_path / "gsm8k.jsonl"
+    scores = [1.0, 0.0, 1.0, 1.0]
+    samples.write_text("".join(json.dumps({"score": {"strict_match": s, "flexible_extract": 1.0}}) + "\n"
+                               for s in scores))
+    summary = {"gsm8k": {"metrics": {"strict_match": 0.75, "flexible_extract": 1.0}, "n": 4, "num_fewshot": 5,
+                         "samples_file": str(samples), "max_new_tokens": 256, "temperature": 0.0}}
+    doc = json.loads(write_results_json(summary, tmp_path).read_text())
+    res = doc["results"]["gsm8k"]
+    assert res["exact_match,strict-match"] == 0.75 and res["exact_match,flexible-extract"] == 1.0
+    # lm-eval's mean_stderr: sample std / sqrt(n) = sqrt(0.25) / 2
+    assert res["exact_match_stderr,strict-match"] == pytest.approx(0.25)
+    assert res["exact_match_stderr,flexible-extract"] == 0.0
+    assert doc["n-shot"]["gsm8k"] == 5 and doc["n-samples"]["gsm8k"]["effective"] == 4
+
+
+def test_llmkit_is_an_lm_eval_model(tmp_path):
+    """`--model llmkit` resolves in lm-eval's registry once llmkit.evals.lmeval is imported, and its
+    loglikelihood agrees with a direct forward pass."""
+    import torch
+    from lm_eval.api.instance import Instance
+    from lm_eval.api.registry import get_model
+
+    import llmkit.evals.lmeval  # noqa: F401  (registers the model)
+    from llmkit.testing import tiny_llama, tiny_tokenizer
+
+    folder = tmp_path / "tiny"
+    tiny_llama().save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    lm = get_model("llmkit")(pretrained=str(folder), engine="hf", batch_size=2)
+    req = Instance("loglikelihood", doc={}, arguments=("Question: 2+2\nAnswer:", " 4"), idx=0)
+    (ll, greedy), = lm.loglikelihood([req])
+    tok = tiny_tokenizer()
+    ctx, cont = tok("Question: 2+2\nAnswer:")["input_ids"], tok(" 4")["input_ids"]
+    with torch.no_grad():
+        logp = torch.log_softmax(lm.engine.model(torch.tensor([ctx + cont])).logits[0], -1)
+    expected = sum(float(logp[len(ctx) - 1 + i, t]) for i, t in enumerate(cont))
+    assert ll == pytest.approx(expected, abs=1e-4) and isinstance(greedy, bool)
+    gen = Instance("generate_until", doc={}, arguments=("Hello", {"until": ["\n"], "max_gen_toks": 5}), idx=0)
+    out, = lm.generate_until([gen])
+    assert isinstance(out, str) and "\n" not in out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.bundled
+@pytest.mark.slow
+def test_lm_eval_through_llmkit_serve_equals_llmkit_eval_prompt_style_lm_eval(shared_data, tmp_path):
+    """lm-eval's gsm8k task (its local-completions model talking to `llmkit serve`) and
+    `llmkit eval --prompt-style lm-eval` give the same answers and scores on the same 20 problems."""
+    import httpx
+    import lm_eval
+
+    from llmkit.cli import main
+    from llmkit.evals.lmeval import lmeval_task
+
+    limit, toks = 20, 64
+    out = tmp_path / "llmkit"
+    assert main(["eval", "gsm8k", "--prompt-style", "lm-eval", "--data", str(shared_data / "gsm8k" / "test.jsonl"),
+                 "--limit", str(limit), "--max-new-tokens", str(toks), "--batch-size", "1", "--output",
+                 str(out)]) == 0
+    ours = json.loads((out / "summary.json").read_text())["gsm8k"]
+    our_rows = [json.loads(x) for x in (out / "gsm8k.jsonl").read_text().splitlines()]
+    assert list(out.glob("results_*.json"))
+
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "llmkit.cli", "serve", "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(240):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        task = lmeval_task("gsm8k", shared_data / "gsm8k" / "test.jsonl")
+        res = lm_eval.simple_evaluate(
+            model="local-completions",
+            model_args={"base_url": f"http://127.0.0.1:{port}/v1/completions", "model": "smollm2-135m-instruct",
+                        "tokenizer_backend": None, "tokenized_requests": False, "num_concurrent": 1},
+            tasks=[task], limit=limit, gen_kwargs=f"max_gen_toks={toks}", log_samples=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    name = next(iter(res["results"]))
+    theirs = res["results"][name]
+    samples = sorted(res["samples"][name], key=lambda s: s["doc_id"])
+    strict = [s for s in samples if s["filter"] == "strict-match"]
+    assert [s["resps"][0][0] for s in strict] == [r["output"] for r in our_rows]
+    assert theirs["exact_match,strict-match"] == pytest.approx(ours["metrics"]["strict_match"])
+    assert theirs["exact_match,flexible-extract"] == pytest.approx(ours["metrics"]["flexible_extract"])
