@@ -10,6 +10,15 @@ from scipy.optimize import linprog, minimize
 
 from llmkit.optim.constrained import locu_step, naive_projection_step
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small dense algebra: one thread avoids OpenMP spin-waits on a shared machine (restored afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 
 def _random_problem(seed, d=12, m=4, fisher=True):
     g = torch.Generator().manual_seed(seed)

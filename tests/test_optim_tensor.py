@@ -11,6 +11,15 @@ import torch
 
 from llmkit.optim.tensor import compose, rank_one_approx, recover_rank_one
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small dense algebra: one thread avoids OpenMP spin-waits on a shared machine (restored afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 
 def _problem(shape, m, sigma, seed):
     g = torch.Generator().manual_seed(seed)
