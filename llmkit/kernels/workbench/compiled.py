@@ -89,6 +89,7 @@ class _Recorder(threading.local):
     def __init__(self):
         self.stack: list[list[Launch]] = []
         self.interpret = True
+        self.in_launch = False  # True while a captured kernel runs (the verifier ignores its torch ops)
 
 
 _rec = _Recorder()
@@ -288,9 +289,13 @@ def _patched_run(self, *args, grid, warmup, **kwargs):
             launch.specs[arch] = e
     if warmup:
         return None
-    if _rec.interpret:
-        return run_interpreted(self, grid, *args, **kwargs)
-    return _orig_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+    prev, _rec.in_launch = _rec.in_launch, True
+    try:
+        if _rec.interpret:
+            return run_interpreted(self, grid, *args, **kwargs)
+        return _orig_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+    finally:
+        _rec.in_launch = prev
 
 
 @contextlib.contextmanager
