@@ -26,6 +26,7 @@ COMMANDS = [
     "steer",
     "merge",
     "tools",
+    "kernels",
 ]
 
 
