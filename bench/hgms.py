@@ -20,7 +20,7 @@ it, and ``overhead_ratio_vs_uniform`` is (HG-MS train seconds per step) / (unifo
 step) from the same invocation. DoReMi's reference model is the uniform run's final model (DoReMi
 trains its reference on the uniform mixture), so its extra cost includes that run.
 
-    .venv/bin/python bench/hgms.py --quick     # smoke run: 16 steps, 128 tokens (a few CPU minutes)
+    .venv/bin/python bench/hgms.py --quick     # smoke run: 10 steps x 2 examples x 128 tokens
     .venv/bin/python bench/hgms.py             # the FULL preset below
 
 Writes bench/results/hgms[_quick].json and .png (weight of the noisy source over steps per method;
@@ -40,8 +40,8 @@ DATA = REPO.parent / "shared" / "data"
 RESULTS = REPO / "bench" / "results"
 METHODS = ("uniform", "hgms", "doremi", "doge", "odm")  # uniform first: DoReMi's reference
 
-QUICK = {"steps": 16, "batch": 4, "max_length": 128, "interval": 2, "probe": 2, "iters": 6, "n_clean": 96,
-         "n_noisy": 96, "n_target": 32, "n_heldout": 32, "n_math": 16, "lora_layers": 4, "lr": 5e-4,
+QUICK = {"steps": 10, "batch": 2, "max_length": 128, "interval": 2, "probe": 2, "iters": 6, "n_clean": 96,
+         "n_noisy": 96, "n_target": 32, "n_heldout": 24, "n_math": 12, "lora_layers": 4, "lr": 5e-4,
          "weights_lr": 0.5, "select_lr": 0.01, "acc_n": 0}
 FULL = {"steps": 40, "batch": 4, "max_length": 160, "interval": 4, "probe": 4, "iters": 8, "n_clean": 256,
         "n_noisy": 256, "n_target": 64, "n_heldout": 64, "n_math": 32, "lora_layers": 4, "lr": 5e-4,

@@ -309,3 +309,15 @@ def test_two_process_accelerate_launch_on_cpu(repo_root, tmp_path, mixture):
     res = json.loads((tmp_path / "out" / "hgms_results.json").read_text())
     assert res["global_step"] == 2 and res["weight_updates"] == 2
     assert sum(res["source_examples"].values()) == 2  # rank 0's share: 1 example per step
+
+
+def test_llmkit_optimizer_by_name(repo_root, tmp_path, mixture):
+    from llmkit.commands.train import parse_method_args
+    from llmkit.train.hgms.recipe import make_trainer
+
+    clean, noisy = mixture
+    _, (args, train, model_cfg) = parse_method_args("hgms", [
+        "--config", str(repo_root / "recipes/configs/hgms/tiny_cpu.yaml"), "--sources", f"a={clean}", f"b={noisy}",
+        "--target_data", str(clean), "--optim", "llmkit_lion", "--output_dir", str(tmp_path / "o")])
+    trainer, *_ = make_trainer(args, train, model_cfg, out=tmp_path / "o")
+    assert "Lion" in type(trainer.create_optimizer()).__name__

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from trl import SFTConfig
 
+from llmkit.optim.hf import LlmkitOptimMixin
+
 WEIGHTINGS = ("hgms", "uniform", "doremi", "doge", "odm")
 
 
@@ -84,7 +86,8 @@ class HgmsArguments:
 
 
 @dataclass
-class HgmsConfig(SFTConfig):
-    """TRL's SFT settings; every source is trained with the same SFT loss (completion tokens only)."""
+class HgmsConfig(LlmkitOptimMixin, SFTConfig):
+    """TRL's SFT settings (every source is trained with the same SFT loss, completion tokens only), plus
+    ``optim: llmkit_muon | llmkit_lion | ...`` (``llmkit.optim.hf``)."""
 
     output_dir: str = field(default="outputs/hgms", metadata={"help": "checkpoints, metrics, plots, weights"})

@@ -160,9 +160,10 @@ class _StateCallback(TrainerCallback):
 def _mixin():
     from trl import SFTTrainer
 
+    from llmkit.optim.hf import LlmkitOptimTrainerMixin
     from llmkit.train.hgms import signals
 
-    class HgmsSFTTrainer(SFTTrainer):
+    class HgmsSFTTrainer(LlmkitOptimTrainerMixin, SFTTrainer):
         def __init__(self, *args, controller: WeightController, source_sizes: list[int], probe_batch_size: int = 4,
                      param_last_layers: int = 2, param_regex: str | None = None, lanczos_iters: int = 8,
                      rtol: float = 1e-3, select_lr: float = 0.0, reference_model=None, **kwargs):
