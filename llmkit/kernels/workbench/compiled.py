@@ -194,8 +194,9 @@ _TWIN = None
 
 
 def _fix_interpreter_dot():
-    """Triton 3.9's interpreter multiplies bf16 operands as their raw uint16 bits (numpy has no
-    bf16): widen them to float32 first (exact). Returns the function that undoes the patch."""
+    """Two bugs of Triton 3.9's interpreter with bf16 (stored as uint16 bits, numpy has no bf16):
+    ``tl.dot`` multiplies the raw bits, and integer -> bf16 casts store the integer as bits. Widen
+    dot operands to float32 first (exact) and cast integers via float32. Returns the undo function."""
     import numpy as np
     import triton.language as tl
     from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
@@ -204,16 +205,28 @@ def _fix_interpreter_dot():
 
     def widen(h):
         if h.dtype.scalar == tl.bfloat16 or h.dtype == tl.bfloat16:
-            return TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+            if h.data.dtype == np.uint16:  # bf16 bits
+                return TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+            return TensorHandle(h.data.astype(np.float32), tl.float32)  # already widened values
         return h
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         return orig(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
 
+    orig_cast = InterpreterBuilder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        # integer -> bf16 is cast as integer values into the uint16 storage (garbage bits): go via fp32
+        if dst_type.scalar == tl.bfloat16 and src.dtype.scalar.is_int():
+            return orig_cast(self, orig_cast(self, src, tl.float32), dst_type)
+        return orig_cast(self, src, dst_type)
+
     InterpreterBuilder.create_dot = create_dot
+    InterpreterBuilder.cast_impl = cast_impl
 
     def undo():
         InterpreterBuilder.create_dot = orig
+        InterpreterBuilder.cast_impl = orig_cast
 
     return undo
 
