@@ -1,0 +1,255 @@
+"""Hawkeye kernel workbench: taxonomy, compile-and-inspect, verifier (good and bad candidates), generation loop.
+
+The strategy tests themselves live in kernels/strategies/<arch>/ (collected by plain ``pytest``).
+Verifier runs start a subprocess each (torch + triton import, interpreter): the candidate sets
+run in parallel and are marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmkit.kernels.workbench.compiled import ARCHS, capture, compile_kernel, compile_launch
+from llmkit.kernels.workbench.taxonomy import Strategy, load_taxonomy, parse_taxonomy, taxonomy_dir
+from llmkit.kernels.workbench.verify import VerifyInputError, static_check, verify
+
+FIX = Path(__file__).resolve().parents[1] / "llmkit" / "kernels" / "workbench" / "fixtures"
+ROOT = Path(__file__).resolve().parents[1]
+BAD = ["bad_example_shape", "bad_zero", "bad_cached", "bad_torch_fallback", "bad_infinite_loop"]
+
+
+# ------------------------------------------------------------------------------------ taxonomy
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_taxonomy_files_are_complete_and_point_at_real_tests(arch):
+    tax = load_taxonomy(arch)
+    assert tax.arch == arch and len(tax.strategies) >= 9
+    for s in tax.strategies:
+        assert s.exploits and s.pays_when and s.precisions and s.recognize
+        assert s.test == f"kernels/strategies/{arch}/test_{s.name}.py"
+        assert (ROOT / s.test).is_file(), s.test
+    files = {p.stem[len("test_"):] for p in (ROOT / "kernels" / "strategies" / arch).glob("test_*.py")}
+    assert files == set(tax.names)  # one test per strategy, no orphan tests
+
+
+def test_taxonomies_list_only_what_each_architecture_has():
+    names = {a: set(load_taxonomy(a).names) for a in ARCHS}
+    assert "wgmma" in names["hopper"] and "wgmma" not in names["ampere"] | names["blackwell"] | names["mi350"]
+    assert "tcgen05_mma" in names["blackwell"] and "block_scaled_mma" in names["blackwell"]
+    assert not {"tma", "fp8_wgmma", "warp_specialization"} & names["ampere"]
+    assert "mfma" in names["mi350"] and not {"tma", "wgmma", "mma_sync"} & names["mi350"]
+    precisions = {p for s in load_taxonomy("ampere").strategies for p in s.precisions}
+    assert not any("fp8" in p or "fp4" in p for p in precisions)  # no FP8 tensor cores on sm_80
+
+
+def test_strategy_recognition_needs_every_pattern():
+    s = Strategy("x", "e", "p", {"ptx": [r"wgmma\.mma_async", r"e4m3"]}, ("fp8",), "t")
+    assert s.present({"ptx": "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3"})
+    assert not s.present({"ptx": "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"})
+    assert not s.present({"amdgcn": "wgmma e4m3"})  # wrong stage
+    with pytest.raises(ValueError, match="unknown stage"):
+        parse_taxonomy({"arch": "a", "strategies": [{"name": "n", "exploits": "", "pays_when": "", "precisions": [],
+                                                      "test": "", "recognize": {"sass": ["x"]}}]})
+    with pytest.raises(ValueError, match="lacks"):
+        parse_taxonomy({"arch": "a", "strategies": [{"name": "n"}]})
+    assert taxonomy_dir().is_dir()
+
+
+# ------------------------------------------------------------------------------------ compile and inspect
+
+
+def test_capture_runs_on_cpu_and_the_same_launch_compiles_per_target():
+    from llmkit.kernels.workbench import examples as ex
+
+    with capture(interpret=True) as launches:
+        out, ref = ex.run_matmul(ex.matmul_kernel)
+    assert len(launches) == 1 and launches[0].name == "matmul_kernel"
+    torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
+    want = {"ampere": ("ptx", "mma.sync"), "hopper": ("ptx", "wgmma"), "blackwell": ("ptx", "tcgen05.mma"),
+            "mi350": ("amdgcn", "v_mfma")}
+    for arch, (stage, needle) in want.items():
+        asm = compile_launch(launches[0], arch)
+        assert needle in asm[stage], arch
+    assert compile_launch(launches[0], "hopper") is compile_launch(launches[0], "hopper")  # cached
+
+
+def test_interpreter_bf16_dot_is_fixed_and_restored():
+    """Triton 3.9's interpreter multiplies bf16 bits; the workbench widens operands during its runs only."""
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    from llmkit.kernels.workbench import examples as ex
+
+    before = InterpreterBuilder.create_dot
+    with capture(interpret=True):
+        out, ref = ex.run_matmul(ex.matmul_kernel, M=128, N=64, K=64)
+    assert (out - ref).abs().max() < 1e-3
+    assert InterpreterBuilder.create_dot is before
+
+
+def test_compile_kernel_without_running():
+    from llmkit.kernels.workbench import examples as ex
+
+    x = torch.empty(4096)
+    asm = compile_kernel(ex.add_kernel, "ampere", x, x, x, 4096, BLOCK=1024)
+    assert "ld.global.v4" in asm["ptx"]
+
+
+def test_zo_perturb_kernel_matches_reference():
+    from llmkit.kernels import zo_perturb as zp
+
+    w = torch.randn(70, 50)
+    u, v = zp.rademacher((70, 3), 1), zp.rademacher((50, 3), 2)
+    with capture(interpret=True) as launches:
+        add = zp.perturb_triton(w, u, v, 0.01, "add")
+        mul = zp.perturb_triton(w, u, v, 0.01, "mul")
+        inplace = w.clone()
+        zp.perturb_triton(inplace, u, v, 0.01, "add", out=inplace)
+    torch.testing.assert_close(add, zp.perturb_ref(w, u, v, 0.01, "add"))
+    torch.testing.assert_close(mul, zp.perturb_ref(w, u, v, 0.01, "mul"))
+    torch.testing.assert_close(inplace, add)
+    z = (add - w) / 0.01  # entries of U V^T / sqrt(r): mean 0, variance 1, values in {+-1/sqrt3, +-3/sqrt3}
+    assert set(torch.round(z * 3 ** 0.5).unique().tolist()) <= {-3.0, -1.0, 1.0, 3.0}
+    assert "wgmma" in compile_launch(launches[0], "hopper")["ptx"]
+    with pytest.raises(ValueError, match="mode"):
+        zp.perturb_ref(w, u, v, 0.1, "scale")
+
+
+# ------------------------------------------------------------------------------------ verifier: static
+
+
+def test_static_check_flags_torch_compute_and_reference_use():
+    ok = (FIX / "good_softmax.py").read_text()
+    problems, kernels = static_check(ok)
+    assert problems == [] and kernels == ["softmax_kernel"]
+    cheat = ok.replace("return out", "return torch.softmax(x * self.scale, -1)")
+    assert any("torch.softmax" in p for p in static_check(cheat)[0])
+    assert any("'@'" in p for p in static_check(ok.replace("return out", "return x @ x.T"))[0])
+    assert any(".sum()" in p for p in static_check(ok.replace("return out", "return out.sum()"))[0])
+    assert any("reference" in p for p in static_check("from ref_softmax import Model\n" + ok,
+                                                       FIX / "ref_softmax.py")[0])
+    assert static_check("def f(:")[0][0].startswith("candidate does not parse")
+    assert "candidate has no @triton.jit kernel" in static_check("class ModelNew: pass\n")[0]
+
+
+def test_bad_input_is_a_verify_input_error(tmp_path):
+    with pytest.raises(VerifyInputError, match="not found"):
+        verify(tmp_path / "nope.py", FIX / "good_softmax.py")
+    with pytest.raises(VerifyInputError, match="must define Model"):
+        verify(FIX / "good_softmax.py", FIX / "good_softmax.py")
+    with pytest.raises(VerifyInputError, match="arch"):
+        verify(FIX / "ref_softmax.py", FIX / "good_softmax.py", arch="volta")
+    with pytest.raises(VerifyInputError, match="precision"):
+        verify(FIX / "ref_softmax.py", FIX / "good_softmax.py", precision="fp7")
+
+
+def test_candidate_without_modelnew_is_rejected_without_running(tmp_path):
+    cand = tmp_path / "c.py"
+    cand.write_text("import triton\n@triton.jit\ndef k(x):\n    pass\n")
+    r = verify(FIX / "ref_softmax.py", cand)
+    assert r["correct"] is False and r["compiled"] is False
+    assert any("ModelNew" in x for x in r["reasons"])
+
+
+# ------------------------------------------------------------------------------------ verifier: runs
+
+
+def _run_all(pairs, **kw):
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futs = {name: pool.submit(verify, FIX / f"{ref}.py", FIX / f"{name}.py", "hopper", prec, trials=1, **kw)
+                for name, ref, prec in pairs}
+        return {k: f.result() for k, f in futs.items()}
+
+
+@pytest.mark.slow
+def test_verifier_rejects_every_bad_candidate_for_its_own_reason():
+    res = _run_all([(b, "ref_softmax", "bf16") for b in BAD], timeout=60)
+    for name, r in res.items():
+        assert r["correct"] is False, name
+        assert set(r) >= {"compiled", "correct", "max_abs_err", "max_rel_err", "strategies", "speedup", "reasons"}
+    reasons = {k: " ".join(v["reasons"]) for k, v in res.items()}
+    assert "shape" in reasons["bad_example_shape"]  # right at the example shape only
+    assert "all zeros" in reasons["bad_zero"]
+    assert "cached" in reasons["bad_cached"]
+    assert "torch fallback" in reasons["bad_torch_fallback"] and "_softmax" in reasons["bad_torch_fallback"]
+    assert "timed out" in reasons["bad_infinite_loop"]
+
+
+@pytest.mark.slow
+def test_verifier_accepts_good_candidates_and_reports_strategies():
+    res = _run_all([("good_softmax", "ref_softmax", "bf16"), ("good_linear_gelu", "ref_linear_gelu", "bf16"),
+                    ("cand_zo_perturb", "ref_zo_perturb", "fp32")])
+    for name, r in res.items():
+        assert r["correct"] and r["compiled"] and r["reasons"] == [], (name, r["reasons"])
+        assert r["shapes_checked"] >= 2  # the example and at least one other shape
+        assert r["speedup"] is None or torch.cuda.is_available()
+    assert "wgmma" in res["good_linear_gelu"]["strategies"]
+    assert "epilogue_fusion" in res["good_linear_gelu"]["strategies"]
+    assert "warp_shuffle_reduction" in res["good_softmax"]["strategies"]
+
+
+@pytest.mark.slow
+def test_cli_verify_prints_one_json_object_and_exit_codes():
+    cmd = [sys.executable, "-m", "llmkit.cli", "kernels", "verify", "--ref", str(FIX / "ref_inquant_quant.py"),
+           "--candidate", str(FIX / "cand_inquant_quant.py"), "--arch", "ampere", "--precision", "fp32",
+           "--trials", "1"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd="/tmp", timeout=600)
+    assert p.returncode == 0, p.stderr[-500:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["correct"] is True and r["max_abs_err"] == 0.0 and r["compiled"] is True
+    bad = subprocess.run(cmd[:5] + [str(FIX / "good_softmax.py")] + cmd[6:], capture_output=True, text=True,
+                         cwd="/tmp", timeout=120)
+    assert bad.returncode == 2 and "must define Model" in bad.stderr
+
+
+# ------------------------------------------------------------------------------------ generation loop
+
+
+def test_generate_records_endpoint_failures_and_keeps_going(tmp_path):
+    from llmkit.kernels.workbench.generate import generate
+
+    s = generate(FIX / "ref_softmax.py", "ampere", "http://127.0.0.1:9/v1", "nobody", tmp_path, budget=3,
+                 candidates=2, parallel=2, request_timeout=5, progress=False)
+    assert s["n_candidates"] == 3 and s["n_errors"] == 3 and s["best"] is None and s["rounds"] == 2
+    lines = (tmp_path / "trajectory.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and all("request failed" in json.loads(x)["error"] for x in lines)
+    assert not (tmp_path / "best.py").exists()
+
+
+def test_prompt_carries_reference_taxonomy_examples_and_feedback():
+    from llmkit.kernels.workbench.generate import build_prompt, extract_code
+
+    ref = (FIX / "ref_linear_gelu.py").read_text()
+    msgs = build_prompt(ref, "blackwell", feedback=["wrong result on shape X"], previous="class ModelNew: pass")
+    user = msgs[1]["content"]
+    assert "class Model(nn.Module)" in user and "tcgen05_mma" in user and "block_scaled_mma" in user
+    assert "def test_" in user and "@triton.jit" in user  # worked examples: a strategy test and its kernel
+    assert "wrong result on shape X" in user and "previous attempt" in user
+    assert "blackwell" in msgs[0]["content"]
+    assert extract_code("text\n```python\nclass ModelNew: pass\n```\nmore") == "class ModelNew: pass\n"
+    assert extract_code("no code here") is None
+
+
+@pytest.mark.slow
+def test_generate_end_to_end_with_a_scripted_endpoint(tmp_path):
+    from llmkit.kernels.workbench.generate import generate, scripted_endpoint
+
+    wrong = "```python\n" + (FIX / "bad_example_shape.py").read_text() + "```"
+    right = "Here:\n```python\n" + (FIX / "good_softmax.py").read_text() + "```"
+    with scripted_endpoint([wrong, right]) as url:
+        s = generate(FIX / "ref_softmax.py", "hopper", url, "scripted", tmp_path, budget=2, candidates=1,
+                     parallel=1, trials=1, progress=False)
+        second_prompt = url.requests[1]["messages"][1]["content"]
+    assert s["n_candidates"] == 2 and s["n_correct"] == 1 and s["best"]["round"] == 1
+    assert (tmp_path / "best.py").read_text() == (FIX / "good_softmax.py").read_text().strip() + "\n"
+    assert "What went wrong" in second_prompt and "shape" in second_prompt  # the failure was fed back
+    rows = [json.loads(x) for x in (tmp_path / "trajectory.jsonl").read_text().splitlines()]
+    assert [r["verification"]["correct"] for r in rows] == [False, True]
+    assert (tmp_path / "candidates" / "r0_c0.py").is_file() and json.loads((tmp_path / "summary.json").read_text())
