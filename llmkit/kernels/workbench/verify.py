@@ -17,7 +17,7 @@ What :func:`verify` checks, and why (each is a way kernel benchmarks were fooled
   ``get_inputs`` reads (so a kernel hard-wired to the example shape fails);
 - **candidate first, reference second**, outputs cloned at once, so nothing the reference
   produced is in memory when the candidate runs, and a reused output buffer cannot hide;
-- **no reuse of results across calls**: an output that does not change when the inputs do (the
+- **no reuse of results across calls** (the example shape is always called at least twice): an output that does not change when the inputs do (the
   reference's does) is rejected as cached;
 - **zero or constant outputs** where the reference is not constant are rejected;
 - **dtype-aware tolerances**: ``|out - ref| <= atol + rtol * |ref|`` with ``rtol`` a couple of
@@ -207,12 +207,14 @@ def static_check(source: str, ref_path: Path | None = None) -> tuple[list[str], 
 
 
 def verify(ref: str | Path, candidate: str | Path, arch: str = "hopper", precision: str = "bf16", *,
-           trials: int = 2, timeout: float = 300.0, timing: bool = True) -> dict:
+           trials: int = 2, timeout: float = 300.0, timing: bool = True,
+           strategies_for: tuple[str, ...] = ()) -> dict:
     """Verify ``candidate`` (defines ``ModelNew`` + Triton kernels) against ``ref`` (defines ``Model``).
 
     Returns ``{"compiled", "correct", "max_abs_err", "max_rel_err", "strategies", "speedup",
     "reasons", ...}``. Raises :class:`VerifyInputError` when the reference or arguments are unusable;
     every problem of the candidate (syntax, torch fallback, wrong, slow, hangs) is a result.
+    ``strategies_for``: more architectures to compile for; their findings go to ``strategies_by_arch``.
     """
     from .compiled import ARCHS
 
@@ -236,7 +238,8 @@ def verify(ref: str | Path, candidate: str | Path, arch: str = "hopper", precisi
     with tempfile.TemporaryDirectory(prefix="llmkit-verify-") as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", "llmkit.kernels.workbench.verify", "--worker", str(ref.resolve()),
-               str(candidate.resolve()), arch, precision, str(trials), "1" if timing else "0", str(out)]
+               str(candidate.resolve()), arch, precision, str(trials), "1" if timing else "0", str(out),
+               ",".join(a for a in strategies_for if a != arch)]
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
         env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[3])] +
@@ -314,7 +317,7 @@ def _flat(out):
     return []
 
 
-def _worker(ref_path, cand_path, arch, precision, trials, timing, out_path) -> None:
+def _worker(ref_path, cand_path, arch, precision, trials, timing, out_path, extra_archs=()) -> None:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -380,7 +383,8 @@ def _worker(ref_path, cand_path, arch, precision, trials, timing, out_path) -> N
         for vi, variant in enumerate(variants):
             for n, v in variant.items():
                 setattr(ref_mod, n, v)
-            for t in range(trials):
+            # the example shape always gets two calls on different inputs: a result cached per shape shows
+            for t in range(max(trials, 2) if vi == 0 else trials):
                 torch.manual_seed(1000 * vi + t + 1)
                 try:
                     inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in ref_mod.get_inputs()]
@@ -468,6 +472,15 @@ def _worker(ref_path, cand_path, arch, precision, trials, timing, out_path) -> N
             res["reasons"].append(f"{L.name} does not compile for {arch}: {type(e).__name__}: {str(e)[-300:]}")
     res["compiled"] = compiled_ok
     res["strategies"] = sorted(found)
+    res["strategies_by_arch"] = {arch: sorted(found)}
+    for other in extra_archs:
+        got = set()
+        for L in firsts.values():
+            try:
+                got |= set(load_taxonomy(other).found(C.compile_launch(L, other)))
+            except Exception as e:  # noqa: BLE001 - reported, does not change the verdict for --arch
+                res.setdefault("compile_errors", {})[other] = f"{L.name}: {type(e).__name__}: {str(e)[-200:]}"
+        res["strategies_by_arch"][other] = sorted(got)
     res["correct"] = bool(all_ok and n_checked > 0)
     res["reasons"] = list(dict.fromkeys(res["reasons"]))  # de-duplicated, order kept
     if timing and res["correct"] and device == "cuda":
@@ -483,5 +496,5 @@ def _worker(ref_path, cand_path, arch, precision, trials, timing, out_path) -> N
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--worker":
-    _, _, ref_p, cand_p, arch_, prec_, trials_, timing_, out_p = sys.argv
-    _worker(ref_p, cand_p, arch_, prec_, int(trials_), timing_ == "1", out_p)
+    _, _, ref_p, cand_p, arch_, prec_, trials_, timing_, out_p, extra_ = sys.argv
+    _worker(ref_p, cand_p, arch_, prec_, int(trials_), timing_ == "1", out_p, [a for a in extra_.split(",") if a])
