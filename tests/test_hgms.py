@@ -3,6 +3,7 @@ hypergradient against an explicit Hessian, the sampler, the data helpers, and th
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -103,13 +104,14 @@ def test_hgms_two_source_toy_moves_all_weight_to_the_source_that_matches_the_tar
     for step in range(40):
         w = c.w.clone().requires_grad_(True)
         y = ((c.w[0] * a + c.w[1] * b) / c.w.sum()).clone().requires_grad_(True)  # the inner solution
-        hg = bilevel.hypergradient(lambda: w[0] * 0.5 * ((y - a) ** 2).sum() + w[1] * 0.5 * ((y - b) ** 2).sum(),
-                                   lambda: 0.5 * ((y - a) ** 2).sum(), [y], [w], iters=5)
+        hg = bilevel.hypergradient(
+            lambda w=w, y=y: w[0] * 0.5 * ((y - a) ** 2).sum() + w[1] * 0.5 * ((y - b) ** 2).sum(),
+            lambda y=y: 0.5 * ((y - a) ** 2).sum(), [y], [w], iters=5)
         if step == 0:  # more weight on a lowers the target loss, more on b raises it
             assert hg.grads[0][0] < 0 < hg.grads[0][1]
         c.apply_score(step, -hg.grads[0])
     wa = [h["weights"]["a"] for h in c.history]
-    assert all(x < y for x, y in zip(wa, wa[1:6])) and wa[-1] > 0.95 and min(wa[5:]) > 0.9
+    assert all(x < y for x, y in itertools.pairwise(wa[:6])) and wa[-1] > 0.95 and min(wa[5:]) > 0.9
 
 
 # ---------------------------------------------------------------- LLM glue
@@ -132,7 +134,7 @@ def test_llm_hypergradient_matches_an_explicit_pseudoinverse(tiny_model):
     assert len(params) == 1 and params[0].numel() == 64
     batches, target = [_lm_batch(1), _lm_batch(2)], _lm_batch(3)
     w = torch.tensor([0.3, 0.7])
-    hg, null, info, passes = signals.hgms_signal(tiny_model, params, batches, target, w, iters=64, rtol=1e-4)
+    hg, _null, info, passes = signals.hgms_signal(tiny_model, params, batches, target, w, iters=64, rtol=1e-4)
     # explicit: H = d2/dnorm2 of sum_k w_k l_k, pinv with the same cut-off
     p0 = params[0].detach().clone()
 

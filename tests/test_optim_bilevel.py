@@ -149,8 +149,7 @@ def test_hvp_matches_autograd_hessian_on_a_nonquadratic_loss():
 def test_optimistic_select_only_moves_along_the_solution_set():
     prob = _problem(4)
     w0 = np.array([1.0, 1.0, 1.0])
-    y_star, phi = _exact(w0, *prob)
-    y0 = np.linalg.lstsq(np.vstack([C @ prob[0] for C in prob[1]]), np.concatenate(prob[2]) * 0, rcond=None)[0]
+    _, phi = _exact(w0, *prob)
     # start at the min-norm inner solution
     A = sum(C.T @ C for C in prob[1])
     z = np.linalg.solve(A, sum(C.T @ b for C, b in zip(prob[1], prob[2])))

@@ -41,6 +41,12 @@ Baselines on the same trainer (``weighting:``): uniform; DoReMi (excess loss ove
 Rules in ``weights.py``.
 """
 
-from llmkit.train.hgms.weights import Exp3, doge_score, doremi_score, exponentiated_step, project_simplex_floor
+from llmkit.train.hgms.weights import (
+    Exp3,
+    doge_score,
+    doremi_score,
+    exponentiated_step,
+    project_simplex_floor,
+)
 
 __all__ = ["Exp3", "doge_score", "doremi_score", "exponentiated_step", "project_simplex_floor"]

@@ -112,7 +112,12 @@ def make_trainer(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args
 def main(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args: ModelConfig) -> int:
     from transformers.trainer_utils import get_last_checkpoint
 
-    from llmkit.train.common import MetricsJsonlCallback, completion_loss, plot_metrics_file, save_resolved_config
+    from llmkit.train.common import (
+        MetricsJsonlCallback,
+        completion_loss,
+        plot_metrics_file,
+        save_resolved_config,
+    )
     from llmkit.train.hgms.trainer import STATE_FILE
 
     out = Path(training_args.output_dir)

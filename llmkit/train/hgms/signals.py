@@ -115,9 +115,8 @@ def hgms_signal(model, params: list, batches: list[dict], target: dict, weights:
     with probe_mode(model):
         hg = bilevel.hypergradient(lambda: sum(w[i] * batch_loss(model, b) for i, b in enumerate(batches)),
                                    lambda: batch_loss(model, target), params, [w], iters=iters, rtol=rtol)
-    k, p = len(batches), sum(_n(b) for b in batches)
+    p = sum(_n(b) for b in batches)
     passes = {"forward": p + _n(target), "backward": p + _n(target), "double_backward": (hg.solve.matvecs + 1) * p}
-    del k
     info = {"target_loss": hg.outer_loss, "ritz_max": float(hg.solve.ritz_values.max()) if hg.solve.kept else 0.0,
             "kept": hg.solve.kept, "null_fraction": float(hg.solve.null_part.norm() / hg.outer_grad.norm().clamp_min(1e-30))}
     return hg.grads[0].detach().double().cpu(), hg.solve.null_part.detach().float(), info, passes

@@ -29,7 +29,13 @@ import torch
 from torch.utils.data import Sampler
 from transformers import TrainerCallback
 
-from llmkit.train.hgms.weights import Exp3, doremi_score, exponentiated_step, hgms_score, project_simplex_floor
+from llmkit.train.hgms.weights import (
+    Exp3,
+    doremi_score,
+    exponentiated_step,
+    hgms_score,
+    project_simplex_floor,
+)
 
 STATE_FILE = "hgms_state.json"
 
@@ -247,8 +253,8 @@ def _mixin():
                         ref, p2 = signals.per_source_losses(model, batches)
                 self.hgms.add_passes(p)
                 self.hgms.add_passes(p2)
-                score = signals_reduce = self._reduce_mean(doremi_score(losses, ref))
-                self.hgms.info = {"excess_" + n: float(x) for n, x in zip(self.hgms.names, signals_reduce)}
+                score = self._reduce_mean(doremi_score(losses, ref))
+                self.hgms.info = {"excess_" + n: float(x) for n, x in zip(self.hgms.names, score)}
             else:
                 params = [p for _, p in signals.param_subset(model, self.param_last_layers, self.param_regex)]
                 target = self._target_batch()
