@@ -64,6 +64,7 @@ def test_passing_build_joins_pool_and_use_rows_follow_it(tmp_path):
     assert "gcd_of" in text and "def gcd_of" not in text  # the schema, never the code
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_tiny_recipe_two_steps_through_cli(tmp_path, repo_root, monkeypatch):
     from llmkit.cli import main
