@@ -1,0 +1,196 @@
+"""SMITH bench: sandbox overhead and escapes, and held-out-family macro accuracy of the bundled model against the
+paper's baselines, all in one run.
+
+    python bench/smith.py --quick      # small: 2 questions per held-out family, 2 GRPO steps
+    python bench/smith.py              # larger (still a CPU run of a few tens of minutes)
+
+Conditions (held-out families only; none of them is seen in training):
+  no_tools            the base model answers the questions directly
+  reference_tools     the base model calls our reference tool for each family (ground-truth tools)
+  untrained_writer    the base model writes a tool per family from K examples (inference-time tool making), then
+                      answers with it
+  smith               warm start (SFT on reference traces of the TRAINING families, documented) + SMITH GRPO with
+                      the three axes normalized separately; the trained policy writes the tools and answers
+  combined_reward     the same, with schema+code+outcome summed into one scalar before the advantage (ablation)
+  student_*           the frozen base model answers with tools written by the trained policy / the untrained writer
+Families without a verified tool fall back to answering without one (so a writer that makes no tool scores like
+no_tools). Sandbox: p50/p95 ms per call against an unconfined subprocess running the same runner (the anchor), and
+the attack set of llmkit.tools.attacks (escapes must be 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+
+
+def plot(res: dict, png: Path, runs: dict):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    names = ["no_tools", "reference_tools", "untrained_writer", "smith", "combined_reward",
+             "student_untrained_tools", "student_smith_tools"]
+    vals = [res["conditions"][k] for k in names]
+    axes[0].bar(range(len(names)), vals, color=["gray", "green", "orange", "C0", "C1", "orange", "C0"])
+    axes[0].set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+    axes[0].set_ylabel("held-out macro accuracy")
+    axes[0].set_title(f"held-out families (n={res['n_per_family']} each)")
+    for name, run in runs.items():
+        for axis, style in (("schema_reward", "-"), ("code_reward", "--"), ("outcome_reward", ":")):
+            xs, ys = run["curves"].get(axis, ([], []))
+            if xs:
+                axes[1].plot(xs, ys, style, marker=".", label=f"{name} {axis.split('_')[0]}")
+        xs, ys = run["curves"].get("pool_size", ([], []))
+        if xs:
+            axes[2].plot(xs, ys, marker="o", label=name)
+    axes[1].set_title("reward axes per step")
+    axes[1].set_xlabel("step")
+    axes[1].legend(fontsize=7)
+    axes[2].set_title("pool size (verified tools)")
+    axes[2].set_xlabel("step")
+    axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def curves(metrics: Path) -> dict:
+    out = {}
+    if not metrics.is_file():
+        return out
+    for line in metrics.read_text().splitlines():
+        rec = json.loads(line)
+        for key, name in (("rewards/schema_reward/mean", "schema_reward"), ("rewards/code_reward/mean", "code_reward"),
+                          ("rewards/outcome_reward/mean", "outcome_reward"), ("smith/pool_size", "pool_size")):
+            if isinstance(rec.get(key), (int, float)):
+                out.setdefault(name, ([], []))
+                out[name][0].append(rec["step"])
+                out[name][1].append(rec[key])
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--work", default=str(REPO / "outputs" / "bench-smith"), help="scratch folder for the runs")
+    args = ap.parse_args()
+    q = args.quick
+    n, grpo_steps, warm_steps = (2, 2, 12) if q else (5, 6, 40)
+    max_new = 160 if q else 256
+    work = Path(args.work) / ("quick" if q else "full")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    t_start = time.time()
+
+    from trl import ModelConfig
+
+    from llmkit.models import DEFAULT_MODEL, load, load_for_training
+    from llmkit.tools import ToolPool, tasks
+    from llmkit.tools.attacks import run_attacks
+    from llmkit.tools.evaluate import build_tools, evaluate, local_generator, sandbox_overhead
+    from llmkit.train.smith.config import SmithConfig
+    from llmkit.train.smith.recipe import main as smith_main
+    from llmkit.train.smith.recipe import warm_start
+
+    res: dict = {"quick": q, "model": DEFAULT_MODEL, "n_per_family": n, "grpo_steps": grpo_steps,
+                 "warm_start_steps": warm_steps, "max_new_tokens": max_new, "heldout": list(tasks.HELDOUT_FAMILIES)}
+    # ---- sandbox
+    ov = sandbox_overhead(20 if q else 60)
+    res["sandbox"] = ov
+    print(f"sandbox per call: p50 {ov['p50_ms']:.1f} ms, p95 {ov['p95_ms']:.1f} ms; unconfined subprocess anchor "
+          f"p50 {ov['anchor_p50_ms']:.1f} ms; ratio {ov['ratio']:.2f}x")
+    outcomes = run_attacks()
+    res["attacks"] = {o.name: {"contained": o.contained, "detail": o.detail, "wall_s": round(o.wall_s, 3)}
+                      for o in outcomes}
+    escapes = sum(not o.contained for o in outcomes)
+    print(f"sandbox attacks: {len(outcomes) - escapes}/{len(outcomes)} contained, escapes {escapes}")
+
+    # ---- baselines with the base model
+    fams = tasks.HELDOUT_FAMILIES
+    model, tok = load(DEFAULT_MODEL)
+    gen = local_generator(model, tok, max_new_tokens=max_new)
+    cond, per_fam = {}, {}
+    r = evaluate(gen, fams, mode="none", n=n)
+    cond["no_tools"], per_fam["no_tools"] = r["macro"], r["per_family"]
+    r = evaluate(gen, fams, mode="reference", n=n)
+    cond["reference_tools"], per_fam["reference_tools"] = r["macro"], r["per_family"]
+    upool = ToolPool(work / "untrained_pool")
+    built = build_tools(gen, fams, upool, examples=3, checks=4, source=DEFAULT_MODEL)
+    res["untrained_builds"] = {k: {a: v[a] for a in ("schema", "code", "outcome", "added")} for k, v in built.items()}
+    r = evaluate(gen, fams, pool=upool, n=n)
+    cond["untrained_writer"], per_fam["untrained_writer"] = r["macro"], r["per_family"]
+    cond["student_untrained_tools"] = r["macro"]  # the writer and the student are the same frozen model here
+    for k in ("no_tools", "reference_tools", "untrained_writer"):
+        print(f"held-out macro acc {k}: {cond[k]:.3f}")
+
+    # ---- warm start once (training families only), then SMITH and the combined-reward ablation from it
+    t0 = time.time()
+    wcfg = SmithConfig(output_dir=str(work / "warm"), use_cpu=True, bf16=False, report_to="none",
+                       warm_start_steps=warm_steps, per_device_train_batch_size=2, num_generations=2,
+                       build_examples=3, seed=0)
+    wmodel, wtok = load_for_training(ModelConfig(model_name_or_path=DEFAULT_MODEL), output_dir=work)
+    wmodel = warm_start(wcfg, wmodel, wtok, tasks.TRAIN_FAMILIES, work / "warm")
+    wmodel.save_pretrained(work / "warm" / "model")
+    wtok.save_pretrained(work / "warm" / "model")
+    del wmodel
+    res["warm_start_seconds"] = round(time.time() - t0, 1)
+    runs = {}
+    for name, agg in (("smith", "normalize_then_sum"), ("combined_reward", "combined")):
+        out = work / name
+        cfg = SmithConfig(output_dir=str(out), use_cpu=True, bf16=False, report_to="none", reward_aggregation=agg,
+                          max_steps=grpo_steps, per_device_train_batch_size=4, num_generations=4,
+                          max_completion_length=max_new, temperature=0.8, learning_rate=5e-6, beta=0.0,
+                          logging_steps=1, save_strategy="no", num_prompts=8 * grpo_steps, build_ratio=0.5,
+                          build_examples=3, build_checks=4, eval_n=n, eval_max_new_tokens=max_new,
+                          dataloader_num_workers=0, seed=0)
+        t0 = time.time()
+        smith_main(cfg, ModelConfig(model_name_or_path=str(work / "warm" / "model")))
+        ev = json.loads((out / "eval.json").read_text())
+        cond[name] = ev["after"]["with_tools"]["macro"]
+        per_fam[name] = ev["after"]["with_tools"]["per_family"]
+        runs[name] = {"seconds": round(time.time() - t0, 1), "pool_size": ev["pool_size"],
+                      "pool_growth": ev["pool_growth"], "heldout_builds": ev["after"]["built"],
+                      "policy_no_tools_macro": ev["after"]["no_tools"]["macro"], "curves": curves(out / "metrics.jsonl")}
+        last = {k: v[1][-1] for k, v in runs[name]["curves"].items() if v[1]}
+        print(f"held-out macro acc {name}: {cond[name]:.3f} (policy without tools "
+              f"{runs[name]['policy_no_tools_macro']:.3f}); training pool {ev['pool_size']} tools; last-step axes "
+              + ", ".join(f"{k} {v:.2f}" for k, v in last.items()))
+    # ---- frozen student: the base model uses the trained policy's held-out tools
+    r = evaluate(gen, fams, pool=ToolPool(work / "smith" / "eval_pool_after"), n=n)
+    cond["student_smith_tools"], per_fam["student_smith_tools"] = r["macro"], r["per_family"]
+    print(f"frozen student (base model) with SMITH-written tools: {cond['student_smith_tools']:.3f} vs with "
+          f"untrained-writer tools {cond['student_untrained_tools']:.3f}")
+    for k in ("smith", "combined_reward", "untrained_writer", "reference_tools"):
+        print(f"difference {k} - no_tools: {cond[k] - cond['no_tools']:+.3f}")
+
+    res.update(conditions=cond, per_family=per_fam, runs=runs, seconds=round(time.time() - t_start, 1))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = "smith_quick" if q else "smith"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
+    plot(res, RESULTS / f"{stem}.png", runs)
+    print(f"wrote {RESULTS / (stem + '.json')} and {stem}.png")
+    summary = {"heldout_macro_acc": cond["smith"], "heldout_macro_acc_untrained_writer": cond["untrained_writer"],
+               "heldout_macro_acc_no_tools": cond["no_tools"],
+               "heldout_macro_acc_reference_tools": cond["reference_tools"],
+               "heldout_macro_acc_combined_reward": cond["combined_reward"],
+               "student_macro_acc_smith_tools": cond["student_smith_tools"],
+               "student_macro_acc_untrained_tools": cond["student_untrained_tools"],
+               "pool_size": runs["smith"]["pool_size"],
+               "sandbox_p50_ms": round(ov["p50_ms"], 2), "sandbox_p95_ms": round(ov["p95_ms"], 2),
+               "sandbox_overhead_ratio": round(ov["ratio"], 3), "sandbox_escapes": escapes}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
