@@ -122,3 +122,32 @@ def test_old_data_field_names_still_work_with_a_deprecation(repo_root, tmp_path)
 
     with pytest.raises((UserError, ValueError), match="both"):
         parse_method_args("halo", base + ["--train_data", "x.jsonl", "--dataset_name", "z.jsonl"])
+
+
+# recipes/<method>.py under `accelerate launch` with 2 CPU processes (HALO's and HG-MS's own tests cover theirs)
+ACCELERATE = {
+    "vspo": (["--dataset_name", "{slice}", "--eval_path", "{slice}", "--eval_num_problems", "2"],
+             "eval.json"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(ACCELERATE))
+def test_two_process_accelerate_launch_on_cpu(method, repo_root, tmp_path, gsm8k_slice):
+    import os
+    import subprocess
+    import sys
+
+    args, result_file = ACCELERATE[method]
+    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    out = tmp_path / "out"
+    r = subprocess.run([accelerate, "launch", "--num_processes", "2", "--num_machines", "1", "--cpu",
+                        "--mixed_precision", "no", "--dynamo_backend", "no", f"recipes/{method}.py",
+                        "--config", f"recipes/configs/{method}/tiny_cpu.yaml", "--output_dir", str(out),
+                        *[a.replace("{slice}", str(gsm8k_slice)) for a in args]],
+                       check=False, capture_output=True, text=True, cwd=repo_root, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (out / result_file).is_file()
+    # side work ran once: one evaluation printout, one config written by the main process
+    assert r.stdout.count("eval before") <= 1 and r.stdout.count("saved ") == 1

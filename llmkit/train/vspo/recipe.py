@@ -32,10 +32,16 @@ CONFIG_CLASSES = (VSPOConfig, ModelConfig)
 CURVE_KEYS = ("reward", "vspo/reward_steered", "vspo/reward_unsteered", "vspo/alpha_max")
 
 
-def prepare_model_path(name: str | None, output_dir: Path, seed: int = 0) -> str:
+def prepare_model_path(name: str | None, output_dir: Path, seed: int = 0, is_main: bool = True) -> str:
     from llmkit.models import prepare_model_path as _prepare
 
-    return _prepare(name, output_dir, seed=seed)
+    return _prepare(name, output_dir, seed=seed, is_main=is_main)
+
+
+def _wait_for_everyone() -> None:
+    from accelerate import PartialState
+
+    PartialState().wait_for_everyone()
 
 
 def behavior_kwargs(cfg: VSPOConfig) -> dict:
@@ -151,9 +157,14 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
     started = time.time()
     model_args = model_args or ModelConfig()
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"saved {save_resolved_config(out, cfg, model_args)}")
-    path = prepare_model_path(model_args.model_name_or_path, out, cfg.tiny_model_seed)
+    # under `accelerate launch` every rank trains; side work (config, steering extraction, evaluations,
+    # plots, eval.json) happens on the main process only and the others wait for what it writes
+    is_main = cfg.process_index == 0
+    if is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"saved {save_resolved_config(out, cfg, model_args)}")
+    path = prepare_model_path(model_args.model_name_or_path, out, cfg.tiny_model_seed, is_main=is_main)
+    _wait_for_everyone()
     model, tok = load_for_training(dataclasses.replace(model_args, model_name_or_path=path))
 
     task_name = "math500" if cfg.task_reward == "math" else "gsm8k"
@@ -165,11 +176,16 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
         eval_rows = build_rows(load_records(cfg.eval_path, cfg.eval_num_problems, "test", task_name), cfg.behavior,
                                cfg.hint_seed + 1, task_name)
     need_vector = cfg.mode == "guidance" or (cfg.mode == "vspo" and cfg.alpha_max > 0)
-    vector = steering_vector_for(cfg, model, tok, train_rows, out) if need_vector else None
+    vector = None
+    if need_vector and is_main:
+        vector = steering_vector_for(cfg, model, tok, train_rows, out)
+    _wait_for_everyone()
+    if need_vector and not is_main:  # the vector the main process extracted and saved (or the given one)
+        vector = steering_vector_for(cfg, model, tok, train_rows, out)
     bkw = behavior_kwargs(cfg)
 
     def run_eval(alpha: float = 0.0, what: str = "") -> dict | None:
-        if not eval_rows:
+        if not eval_rows or not is_main:
             return None
         t0 = time.time()
         r = evaluate(model, tok, eval_rows, cfg.behavior, max_new_tokens=cfg.eval_max_new_tokens,
@@ -187,7 +203,7 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
         if earlier.get("before"):
             results["before"] = earlier["before"]
         results["train_seconds"] = earlier.get("train_seconds", 0.0)
-    if cfg.eval_before and not resume:
+    if cfg.eval_before and not resume and is_main:
         results["before"] = run_eval(0.0, "before")
         eval_json.write_text(json.dumps(results, indent=2) + "\n")
 
@@ -208,17 +224,22 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
         results["steps"] = trainer.state.global_step
         if trainer.state.global_step < trainer.state.max_steps:
             results["stopped_early"] = True
-            eval_json.write_text(json.dumps(results, indent=2) + "\n")
+            if is_main:
+                eval_json.write_text(json.dumps(results, indent=2) + "\n")
             print(f"stopped after step {trainer.state.global_step}/{trainer.state.max_steps} "
                   f"(stop_after_minutes={cfg.stop_after_minutes:g}); rerun the same command to resume")
             return 0
         trainer.save_model(str(out))
         model = trainer.accelerator.unwrap_model(trainer.model)
+        if not is_main:
+            return 0
         results["after"] = run_eval(0.0, "after (unsteered)")
         png = plot_reward_curves(out / "metrics.jsonl", out / "reward_curves.png",
                                  f"{cfg.mode} / {cfg.behavior}")
         if png:
             print(f"reward curves: {png}")
+    if not is_main:
+        return 0
     eval_json.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results: {eval_json}")
     return 0
