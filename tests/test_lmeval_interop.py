@@ -80,6 +80,7 @@ def _free_port() -> int:
 
 @pytest.mark.bundled
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_lm_eval_through_llmkit_serve_equals_llmkit_eval_prompt_style_lm_eval(shared_data, tmp_path):
     """lm-eval's gsm8k task (its local-completions model talking to `llmkit serve`) and
     `llmkit eval --prompt-style lm-eval` give the same answers and scores on the same 20 problems."""
@@ -89,7 +90,7 @@ def test_lm_eval_through_llmkit_serve_equals_llmkit_eval_prompt_style_lm_eval(sh
     from llmkit.cli import main
     from llmkit.evals.lmeval import lmeval_task
 
-    limit, toks = 20, 64
+    limit, toks = 20, 32
     out = tmp_path / "llmkit"
     assert main(["eval", "gsm8k", "--prompt-style", "lm-eval", "--data", str(shared_data / "gsm8k" / "test.jsonl"),
                  "--limit", str(limit), "--max-new-tokens", str(toks), "--batch-size", "1", "--output",
