@@ -151,3 +151,14 @@ def test_two_process_accelerate_launch_on_cpu(method, repo_root, tmp_path, gsm8k
     assert (out / result_file).is_file()
     # side work ran once: one evaluation printout, one config written by the main process
     assert r.stdout.count("eval before") <= 1 and r.stdout.count("saved ") == 1
+
+
+@pytest.mark.parametrize("name", ["multi_gpu", "zero2", "zero3"])
+def test_shipped_accelerate_configs_load_in_accelerate(repo_root, name):
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    cfg = ClusterConfig.from_yaml_file(str(repo_root / "recipes" / "accelerate" / f"{name}.yaml"))
+    assert cfg.num_processes == 8 and not cfg.use_cpu
+    assert str(cfg.distributed_type).endswith("DEEPSPEED" if name.startswith("zero") else "MULTI_GPU")
+    if name.startswith("zero"):
+        assert cfg.deepspeed_config["zero_stage"] == int(name[-1])
