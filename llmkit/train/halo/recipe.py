@@ -66,9 +66,8 @@ def _load_data(halo_args: HaloArguments, fmt: str):
 def main(halo_args: HaloArguments, training_args: HaloConfig, model_args: ModelConfig) -> int:
     from trl import get_peft_config
 
-    from llmkit.models import load_for_training
-
     from llmkit.cli import UserError
+    from llmkit.models import load_for_training
     from llmkit.train.common import (
         DataError,
         MetricsJsonlCallback,
