@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.optimize import linprog, minimize
 
-from llmkit.optim.constrained import locu_step, naive_projection_step
+from llmkit.optim.constrained import locu_step, naive_projection_step, run_softmax_cmdp, softmax_cmdp_toy
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
@@ -113,37 +113,17 @@ def test_locu_is_stable_with_nearly_collinear_constraints_where_naive_projection
     assert float(naive.norm()) > 100 * delta  # the (B B^T)^{-1} projection explodes
 
 
-def _cmdp_toy(seed):
-    """One-state CMDP (a bandit) with 8 actions, a reward and two cost constraints; softmax policy."""
-    rng = np.random.default_rng(seed)
-    A = 8
-    reward = rng.uniform(0, 1, A)
-    costs = np.stack([reward + 0.1 * rng.normal(size=A), rng.uniform(0, 1, A)])   # cost 0 tracks the reward
-    limits = np.array([np.quantile(costs[0], 0.35), np.quantile(costs[1], 0.6)])
-    return reward, costs, limits
-
-
 def test_locu_cmdp_reaches_feasibility_from_an_infeasible_start_and_near_lp_optimum():
-    reward, costs, limits = _cmdp_toy(0)
-    A = len(reward)
-    theta = torch.zeros(A, dtype=torch.float64)
-    theta[np.argmax(costs[0])] = 3.0                     # start concentrated on a costly action: infeasible
-    values = []
-    for _ in range(150):
-        pi = torch.softmax(theta, 0)
-        grad = lambda v: pi * (torch.tensor(v) - pi @ torch.tensor(v))  # noqa: E731  d(pi.v)/dtheta
-        c = torch.tensor(costs) @ pi - torch.tensor(limits)
-        values.append(c.numpy().copy())
-        F = torch.diag(pi) - torch.outer(pi, pi)
-        step = locu_step(grad(reward), torch.stack([grad(costs[0]), grad(costs[1])]), c, F, 0.05, damping=1e-6)
-        assert float(step @ (F + 1e-6 * torch.eye(A, dtype=torch.float64) * F.diagonal().mean()) @ step) <= 0.05 ** 2 * 1.001
-        theta = theta + step
-    values = np.array(values)
+    reward, costs, limits = softmax_cmdp_toy(0)
+    pi, values, _ = run_softmax_cmdp(0, "locu", steps=150, trust_radius=0.05)
     assert values[0].max() > 0.1
     first_feasible = int(np.argmax(values.max(1) <= 1e-3))
     assert values[first_feasible].max() <= 1e-3 and first_feasible < 60
     assert values[-20:].max() <= 5e-3                   # stays (nearly) feasible after that
-    pi = torch.softmax(theta, 0).numpy()
+    A = len(reward)
     lp = linprog(-reward, A_ub=costs, b_ub=limits, A_eq=np.ones((1, A)), b_eq=[1.0], bounds=[(0, 1)] * A)
     assert lp.status == 0
     assert pi @ reward >= -lp.fun - 0.03
+    # a fixed reward penalty of the same size ends infeasible on this toy (the costly action pays)
+    _, pen_values, _ = run_softmax_cmdp(0, "penalty", steps=150, trust_radius=0.05, penalty=0.5)
+    assert pen_values[-1].max() > 1e-2

@@ -293,3 +293,44 @@ def naive_projection_step(reward_grad: torch.Tensor, constraint_grads: torch.Ten
     viol = c + B @ s
     lam = torch.linalg.solve(G, torch.clamp(viol, min=0.0)) if B.shape[0] else viol
     return (s - NB.T @ lam).to(reward_grad.dtype)
+
+
+def softmax_cmdp_toy(seed: int, num_actions: int = 8):
+    """The toy CMDP used by the tests and the bench: one state (a bandit), ``num_actions`` actions, a reward
+    and two cost constraints (cost 0 tracks the reward, so the constraint binds). Returns
+    (reward [A], costs [2, A], limits [2]); the policy is feasible where ``costs @ pi <= limits``."""
+    rng = np.random.default_rng(seed)
+    reward = rng.uniform(0, 1, num_actions)
+    costs = np.stack([reward + 0.1 * rng.normal(size=num_actions), rng.uniform(0, 1, num_actions)])
+    limits = np.array([np.quantile(costs[0], 0.35), np.quantile(costs[1], 0.6)])
+    return reward, costs, limits
+
+
+def run_softmax_cmdp(seed: int, method: str = "locu", steps: int = 150, trust_radius: float = 0.05,
+                     penalty: float = 1.0):
+    """Optimise a softmax policy on ``softmax_cmdp_toy(seed)`` from an infeasible start (mass on the costliest
+    action) with exact gradients and Fisher. ``method``: ``locu`` or ``penalty`` (natural-gradient ascent on
+    ``reward - penalty * sum_i max(c_i, 0)``, same trust region). Returns (final policy, constraint values per
+    step [steps, 2], reward per step [steps])."""
+    reward, costs, limits = softmax_cmdp_toy(seed)
+    A = len(reward)
+    theta = torch.zeros(A, dtype=torch.float64)
+    theta[int(np.argmax(costs[0]))] = 3.0
+    C, R, L = torch.tensor(costs), torch.tensor(reward), torch.tensor(limits)
+    values, rewards = [], []
+    for _ in range(steps):
+        pi = torch.softmax(theta, 0)
+        grad = lambda v: pi * (v - pi @ v)  # noqa: E731  d(pi . v) / d theta
+        c = C @ pi - L
+        values.append(c.numpy().copy())
+        rewards.append(float(pi @ R))
+        F = torch.diag(pi) - torch.outer(pi, pi)
+        if method == "locu":
+            step = locu_step(grad(R), torch.stack([grad(C[0]), grad(C[1])]), c, F, trust_radius, damping=1e-6)
+        elif method == "penalty":
+            g = grad(R) - penalty * sum(grad(C[i]) for i in range(2) if c[i] > 0)
+            step = locu_step(g, None, None, F, trust_radius, damping=1e-6)
+        else:
+            raise ValueError(f"method must be 'locu' or 'penalty', got {method!r}")
+        theta = theta + step
+    return torch.softmax(theta, 0).numpy(), np.array(values), np.array(rewards)
