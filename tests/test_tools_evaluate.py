@@ -1,0 +1,66 @@
+"""build_tools / evaluate with scripted writers and users; `llmkit tools build|eval` input errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmkit.tools import ToolPool, sandbox, tasks
+from llmkit.tools.rollouts import reference_build_trace
+
+pytestmark = pytest.mark.skipif(not sandbox.check_available()[0], reason="bubblewrap cannot run here")
+FAMS = ("count_primes", "ransom_note")
+
+
+def scripted_writer(convs):
+    """Writes the reference tool of whichever family the build prompt's hint names."""
+    out = []
+    for c in convs:
+        text = c[-1]["content"]
+        fam = next(f for f in tasks.FAMILIES.values() if f.hint in text)
+        out.append(reference_build_trace(fam) if fam.name == "count_primes" else "no idea")
+    return out
+
+
+def scripted_user(convs):
+    """Copies the arguments out of the question into a call when a tool is offered; guesses 'True' otherwise."""
+    out = []
+    for c in convs:
+        text = c[-1]["content"]
+        if "You can call this tool" in text:
+            name = json.loads(text.split("You can call this tool:\n")[1].split("\n\nReply")[0])["name"]
+            fam = "count_primes" if name == "count_primes_between" else "ransom_note"
+            inst = next(i for i in tasks.get(fam).generate(3, seed=tasks.EVAL_SEED_OFFSET)
+                        if i.question.strip() in text)
+            out.append(f'<tool_call>{json.dumps({"name": name, "arguments": inst.args})}</tool_call>')
+        else:
+            out.append("Answer: True")
+    return out
+
+
+def test_build_then_eval_uses_only_verified_tools(tmp_path):
+    from llmkit.tools.evaluate import build_tools, evaluate
+
+    pool = ToolPool(tmp_path / "pool")
+    rep = build_tools(scripted_writer, FAMS, pool, examples=2, checks=3, source="script", progress=False)
+    assert rep["count_primes"]["added"] and not rep["ransom_note"]["added"]
+    assert pool.families() == ["count_primes"] and pool.best("count_primes").source == "script"
+    r = evaluate(scripted_user, FAMS, pool=pool, n=3, progress=False)
+    assert r["used_tool"] == {"count_primes": True, "ransom_note": False}
+    assert r["per_family"]["count_primes"] == 1.0
+    truth = [i.answer == "True" for i in tasks.get("ransom_note").generate(3, seed=tasks.EVAL_SEED_OFFSET)]
+    assert r["per_family"]["ransom_note"] == pytest.approx(sum(truth) / 3)
+    ref = evaluate(scripted_user, FAMS, mode="reference", n=3, progress=False)
+    assert ref["macro"] == 1.0
+    none = evaluate(scripted_user, FAMS, mode="none", n=3, progress=False)
+    assert none["per_family"]["ransom_note"] == r["per_family"]["ransom_note"]
+
+
+def test_cli_build_eval_input_errors(tmp_path, capsys):
+    from llmkit.cli import main
+
+    assert main(["tools", "build", "--model", "x", "--task", "nope", "--out", str(tmp_path / "p")]) == 2
+    assert "unknown task family 'nope'" in capsys.readouterr().err
+    assert main(["tools", "eval", "--pool", str(tmp_path / "missing"), "--user-model", "x"]) == 2
+    assert "no such pool" in capsys.readouterr().err
