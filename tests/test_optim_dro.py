@@ -76,3 +76,22 @@ def test_tc_dro_lowers_tail_mse_against_erm_and_global_chi2(seed):
     assert wass == pytest.approx(erm)                 # uniform weights: Wasserstein reweighting is ERM
     assert tc < 0.95 * erm
     assert tc < 0.98 * chi
+
+
+def test_difficulty_regressor_parses_steps_and_learns_from_question_text():
+    from llmkit.train.difficulty import DifficultyRegressor, solution_steps
+
+    assert solution_steps("a = <<1+1=2>>2\n\nb = 3\n#### 3") == 2
+    rng = np.random.default_rng(0)
+    questions, steps = [], []
+    for _ in range(300):
+        k = int(rng.choice([2, 2, 2, 3, 3, 4, 7]))              # imbalanced step counts
+        nums = " and ".join(str(int(x)) for x in rng.integers(1, 99, k))
+        questions.append(f"Tom buys {nums} apples" + (" then sells some twice" if k > 4 else ""))
+        steps.append(k)
+    for w in ("erm", "chi2", "tc_dro"):
+        pred = DifficultyRegressor(weighting=w).fit(questions, steps).predict(questions)
+        long_ = np.array(steps) == 7
+        assert pred[long_].mean() > pred[~long_].mean() + 2.0
+    with pytest.raises(ValueError, match="weighting"):
+        DifficultyRegressor(weighting="focal")
