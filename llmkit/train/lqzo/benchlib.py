@@ -1,0 +1,261 @@
+"""What ``bench/lqzo.py`` measures, as tested library code: quantized copies of a model (cached), the
+training runs of each method through the same trainers users run, held-out metrics, and peak memory /
+step time probes.
+
+Memory: peak resident set size (RSS, sampled every 2 ms from ``/proc/self/statm`` in a thread) while one
+operation runs, in a fresh process per probe (``python -m llmkit.train.lqzo.benchlib probe KIND``) so
+no other model or allocator history is in it; freed memory is returned to the OS (``malloc_trim``)
+before the operation starts. On GPUs ``torch.cuda.max_memory_allocated`` is reported instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+MODEL = "smollm2-135m-instruct"
+
+
+# ----------------------------------------------------------------------------- memory / time
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def trim() -> None:
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:  # not glibc
+        pass
+
+
+def peak_memory_during(fn, interval: float = 0.002) -> dict:
+    """Run ``fn()``; return ``{peak, base, result}`` in bytes (CUDA: max allocated; CPU: sampled RSS)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        result = fn()
+        torch.cuda.synchronize()
+        return {"peak": torch.cuda.max_memory_allocated(), "base": base, "result": result}
+    trim()
+    base = _rss()
+    peak = [base]
+    stop = threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(interval)
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    try:
+        result = fn()
+    finally:
+        stop.set()
+        t.join()
+    peak[0] = max(peak[0], _rss())
+    return {"peak": peak[0], "base": base, "result": result}
+
+
+# ----------------------------------------------------------------------------- models and data
+
+
+def load_model(bits: int, group_size: int, cache_dir: str | Path | None = None, name: str = MODEL):
+    """``(model, tok)``: the model in float32, quantized to ``bits`` (0: full precision). The quantized state
+    is cached in ``cache_dir`` so each bit-width is quantized once."""
+    from safetensors.torch import load_file
+
+    from llmkit.models import load
+    from llmkit.train.lqzo.quant import load_quant_state, quant_state, quantize_model
+
+    model, tok = load(name)
+    model.train()
+    if not bits:
+        return model, tok
+    if cache_dir is not None:
+        f = Path(cache_dir) / f"int{bits}-g{group_size}.safetensors"
+        if f.is_file():
+            meta = json.loads(f.with_suffix(".json").read_text())
+            load_quant_state(model, load_file(str(f)), meta)
+            return model, tok
+    quantize_model(model, bits, group_size, progress=True)
+    if cache_dir is not None:
+        from safetensors.torch import save_file
+
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        tensors, meta = quant_state(model)
+        save_file(tensors, str(f))
+        f.with_suffix(".json").write_text(json.dumps(meta))
+    return model, tok
+
+
+def lm_batch(tok, rows: list[dict], max_length: int) -> dict:
+    """A padded chat batch with completion-only labels (what the trainers see)."""
+    ids, labels = [], []
+    for r in rows:
+        p = tok.apply_chat_template([{"role": "user", "content": r["question"]}], tokenize=False,
+                                    add_generation_prompt=True)
+        p_ids = tok(p, add_special_tokens=False)["input_ids"]
+        c_ids = tok(str(r["answer"]), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        ids.append((p_ids + c_ids)[:max_length])
+        labels.append(([-100] * len(p_ids) + c_ids)[:max_length])
+    width = max(map(len, ids))
+    pad = tok.pad_token_id
+    return {"input_ids": torch.tensor([x + [pad] * (width - len(x)) for x in ids]),
+            "attention_mask": torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids]),
+            "labels": torch.tensor([y + [-100] * (width - len(y)) for y in labels])}
+
+
+def measure(model, tok, eval_rows, acc_rows, max_length: int = 256, batch_size: int = 8) -> dict:
+    from llmkit.train.lqzo.recipe import measure as recipe_measure
+
+    return recipe_measure(model, tok, eval_rows, acc_rows, max_length, batch_size)
+
+
+# ----------------------------------------------------------------------------- training runs
+
+
+def train_zo(model, tok, train_ds, settings: dict, steps: int, lr: float, batch_size: int, max_length: int,
+             output_dir: str | Path, seed: int = 0) -> list[dict]:
+    """``steps`` ZO steps with ``LQZOTrainer`` (the recipe's trainer); returns the log history."""
+    from llmkit.train.lqzo.config import LQZOConfig
+    from llmkit.train.lqzo.trainer import LQZOTrainer
+
+    args = LQZOConfig(output_dir=str(output_dir), max_steps=steps, per_device_train_batch_size=batch_size,
+                      learning_rate=lr, lr_scheduler_type="constant", logging_steps=1, save_strategy="no",
+                      use_cpu=not torch.cuda.is_available(), bf16=False, report_to="none", max_length=max_length,
+                      dataloader_num_workers=0, seed=seed, disable_tqdm=False)
+    tr = LQZOTrainer(model=model, args=args, train_dataset=train_ds, processing_class=tok, zo_settings=settings)
+    tr.train()
+    return [r for r in tr.state.log_history if "loss" in r]
+
+
+def qlora_model(name: str = MODEL, r: int = 8):
+    """bitsandbytes NF4 4-bit base + LoRA adapters on all linear layers (peft), via ``load_for_training``."""
+    from peft import get_peft_model
+    from trl import ModelConfig, get_peft_config
+
+    from llmkit.models import load_for_training
+
+    margs = ModelConfig(model_name_or_path=name, load_in_4bit=True, use_peft=True, lora_r=r, lora_alpha=2 * r,
+                        lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                             "down_proj"])
+    model, tok = load_for_training(margs)
+    model = get_peft_model(model, get_peft_config(margs))
+    return model, tok
+
+
+def train_qlora(model, tok, train_ds, steps: int, lr: float, batch_size: int, max_length: int,
+                output_dir: str | Path, seed: int = 0) -> list[dict]:
+    """First-order QLoRA SFT with TRL's SFTTrainer (AdamW), the memory/accuracy reference."""
+    import warnings
+
+    from trl import SFTConfig, SFTTrainer
+
+    args = SFTConfig(output_dir=str(output_dir), max_steps=steps, per_device_train_batch_size=batch_size,
+                     learning_rate=lr, lr_scheduler_type="constant", logging_steps=1, save_strategy="no",
+                     use_cpu=not torch.cuda.is_available(), bf16=False, report_to="none", max_length=max_length,
+                     dataloader_num_workers=0, seed=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tr = SFTTrainer(model=model, args=args, train_dataset=train_ds, processing_class=tok)
+        tr.train()
+    return [r for r in tr.state.log_history if "loss" in r]
+
+
+# ----------------------------------------------------------------------------- probes (fresh process each)
+
+
+def probe(kind: str, bits: int = 4, group_size: int = 64, batch_size: int = 4, max_length: int = 128,
+          cache_dir: str | None = None, reps: int = 3) -> dict:
+    """Peak memory of one operation on one batch: ``inference`` (a forward, no_grad), ``lqzo`` (one LQZO step:
+    two forwards + perturb/restore/update), ``qlora`` (forward + backward + AdamW step). ``lqzo`` also
+    times the step against two plain forwards of the same batch (medians of ``reps`` interleaved runs)."""
+    from llmkit.optim.zo import SeedZO
+    from llmkit.train.lqzo.task import compare_rows
+    from llmkit.train.lqzo.trainer import zo_trainable
+
+    torch.manual_seed(0)
+    rows = compare_rows(batch_size, seed=1)
+    if kind == "qlora":
+        model, tok = qlora_model()
+        model.train()
+        batch = lm_batch(tok, rows, max_length)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+
+        def op():
+            loss = model(**batch).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return float(loss)
+        op()  # the first step allocates AdamW's state: measure a steady-state step
+        m = peak_memory_during(op)
+        return {"kind": kind, "peak_bytes": m["peak"], "base_bytes": m["base"]}
+    model, tok = load_model(bits, group_size, cache_dir)
+    batch = lm_batch(tok, rows, max_length)
+    if kind == "inference":
+        with torch.no_grad():
+            model(**batch)  # warm-up
+            m = peak_memory_during(lambda: float(model(**batch).loss))
+        return {"kind": kind, "peak_bytes": m["peak"], "base_bytes": m["base"]}
+    if kind != "lqzo":
+        raise ValueError(f"unknown probe {kind!r}")
+    _, tensors, modes, _ = zo_trainable(model, {})
+    zo = SeedZO(tensors, modes=modes, mu=1e-3, rank=4, distribution="rademacher", isotropic=True, v_interval=10)
+
+    def loss_fn():
+        return model(**batch).loss
+
+    def step(i):
+        d = zo.estimate(loss_fn, i)
+        zo.update(i, d, lr=1e-5)
+        return d
+
+    with torch.no_grad():
+        step(0)  # warm-up (allocates the restore copy of the scales)
+        m = peak_memory_during(lambda: step(1))
+        t_step, t_fwd = [], []
+        for i in range(reps):
+            t0 = time.perf_counter()
+            loss_fn()
+            loss_fn()
+            t_fwd.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            step(2 + i)
+            t_step.append(time.perf_counter() - t0)
+    return {"kind": kind, "peak_bytes": m["peak"], "base_bytes": m["base"], "step_s": statistics.median(t_step),
+            "two_forward_s": statistics.median(t_fwd), "zo_copy_bytes": zo.backup_bytes(),
+            "trainable_elements": zo.num_elements()}
+
+
+def run_probe(kind: str, **kw) -> dict:
+    """``probe`` in a fresh Python process (from /tmp, so the repo's top-level folders shadow nothing)."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "llmkit.train.lqzo.benchlib", "probe", kind, json.dumps(kw)]
+    out = subprocess.run(cmd, cwd="/tmp", capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"probe {kind} failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":  # python -m llmkit.train.lqzo.benchlib probe KIND '{"bits": 4, ...}'
+    if len(sys.argv) >= 3 and sys.argv[1] == "probe":
+        kwargs = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+        print(json.dumps(probe(sys.argv[2], **kwargs)), flush=True)

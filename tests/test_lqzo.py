@@ -1,0 +1,201 @@
+"""LQZO recipe: the group quantizer, the trainable set, the ZO trainer step, save/load/resume, CLI switches."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from llmkit.train.lqzo import LQZOArguments, QuantLinear, dequantized_state_dict, quantize_model, quantize_weight
+from llmkit.train.lqzo.trainer import zo_trainable
+
+
+def test_quantize_weight_codes_range_and_error_shrinks_with_bits():
+    w = torch.randn(16, 128, generator=torch.Generator().manual_seed(0))
+    errs = {}
+    for bits in (2, 4, 8):
+        codes, zero, scale = quantize_weight(w, bits, 32)
+        assert codes.dtype == torch.uint8 and codes.shape == w.shape and scale.shape == (16, 4)
+        assert int(codes.max()) <= 2 ** bits - 1 and torch.equal(zero, zero.round())
+        deq = ((codes.view(16, 4, 32).float() - zero[..., None]) * scale[..., None]).view(16, 128)
+        errs[bits] = (deq - w).pow(2).mean().item()
+    assert errs[8] < errs[4] < errs[2] < w.pow(2).mean().item()
+    # the range search is never worse than plain min-max, and helps at 2 bits
+    c1, z1, s1 = quantize_weight(w, 2, 32, shrink_grid=(1.0,))
+    plain = (((c1.view(16, 4, 32).float() - z1[..., None]) * s1[..., None]).view(16, 128) - w).pow(2).mean().item()
+    assert errs[2] < 0.9 * plain
+    with pytest.raises(ValueError, match="divide"):
+        quantize_weight(w, 4, 48)
+
+
+def test_quantize_model_replaces_linears_and_dequantized_state_dict_is_a_plain_checkpoint(tiny_model):
+    x = torch.randint(0, 200, (2, 10))
+    names = quantize_model(tiny_model, 4, 32)
+    assert names and all(isinstance(tiny_model.get_submodule(n), QuantLinear) for n in names)
+    assert not isinstance(tiny_model.lm_head, QuantLinear)
+    q = tiny_model.get_submodule(names[0])
+    assert q.scale.shape == (q.out_features, q.in_features // 32)
+    assert torch.equal(q(torch.eye(q.in_features)).T, q.dequantize())  # forward uses (codes - zero) * scale
+    sd = dequantized_state_dict(tiny_model)
+    assert all(not k.endswith((".scale", ".codes", ".zero")) for k in sd)
+    from llmkit.testing import tiny_llama
+
+    fresh = tiny_llama(seed=3)
+    missing, unexpected = fresh.load_state_dict(sd, strict=False)
+    assert not unexpected and all("lm_head" in k for k in missing)
+    with torch.no_grad():
+        assert torch.allclose(fresh(input_ids=x).logits, tiny_model(input_ids=x).logits, atol=1e-5)
+
+
+def test_trainable_set_is_the_scales_plus_optional_norms(tiny_model):
+    quantize_model(tiny_model, 2, 32)
+    names, tensors, modes, _ = zo_trainable(tiny_model, {"train_norms": False})
+    assert names and all(n.endswith(".scale") for n in names) and set(modes) == {"mul"}
+    names2, _, modes2, _ = zo_trainable(tiny_model, {"train_norms": True})
+    extra = set(names2) - set(names)
+    assert extra and all("norm" in n for n in extra) and modes2.count("add") == len(extra)
+    assert not any(n.endswith(".codes") for n in names2)
+
+
+def test_full_precision_trainable_set_is_every_weight(tiny_model):
+    names, tensors, modes, decay = zo_trainable(tiny_model, {"train_norms": True})
+    assert len(names) == len([p for p in tiny_model.parameters()])
+    assert set(modes) == {"add"} and all((d == 1.0) == (t.dim() >= 2) for d, t in zip(decay, tensors))
+
+
+def test_presets_and_switches_resolve_each_piece_independently():
+    lq = LQZOArguments().resolved()
+    assert (lq["rank"], lq["distribution"], lq["isotropic"], lq["quant_bits"]) == (4, "rademacher", True, 4)
+    qz = LQZOArguments(zo_method="qzo").resolved()
+    assert (qz["rank"], qz["distribution"], qz["isotropic"]) == (0, "gaussian", False)
+    me = LQZOArguments(zo_method="mezo").resolved()
+    assert me["quant_bits"] == 0 and me["train_norms"]
+    ab = LQZOArguments(zo_method="lqzo", zo_distribution="gaussian", zo_isotropic_groups=False, zo_rank=1,
+                       zo_clip=3.0).resolved()
+    assert (ab["rank"], ab["distribution"], ab["isotropic"], ab["clip"]) == (1, "gaussian", False, 3.0)
+    for bad in ({"zo_method": "adam"}, {"zo_distribution": "uniform"}, {"zo_clip": -1.0}, {"zo_rank": -2}):
+        with pytest.raises(ValueError):
+            LQZOArguments(**bad)
+
+
+def test_cli_parses_every_switch(repo_root):
+    from llmkit.commands.train import parse_method_args
+
+    cfg = str(repo_root / "recipes/configs/lqzo/tiny_cpu.yaml")
+    _, (zo, targs, margs) = parse_method_args("lqzo", ["--config", cfg, "--zo_method", "qzo", "--zo_rank", "3",
+                                                      "--zo_distribution", "rademacher", "--zo_isotropic_groups",
+                                                      "true", "--zo_clip", "5", "--quant_bits", "2"])
+    r = zo.resolved()
+    assert (r["method"], r["rank"], r["distribution"], r["isotropic"], r["clip"], r["quant_bits"]) == (
+        "qzo", 3, "rademacher", True, 5.0, 2)
+    assert targs.max_steps == 2 and margs.model_name_or_path == "tiny-llama"
+    from llmkit.cli import UserError
+
+    with pytest.raises((UserError, SystemExit)):
+        parse_method_args("lqzo", ["--config", cfg, "--zo_distribution", "uniform"])
+
+
+def _run(tmp_path, data, extra: dict):
+    from llmkit.train.lqzo import recipe
+
+    zo = LQZOArguments(train_data=str(data), eval_data=str(data), max_eval_samples=2, accuracy_samples=4,
+                       quant_group_size=32, **extra.pop("zo", {}))
+    from llmkit.train.lqzo.config import LQZOConfig
+    from trl import ModelConfig
+
+    kw = dict(output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=2,
+              per_device_eval_batch_size=2, learning_rate=1e-2, logging_steps=1, save_strategy="steps",
+              save_steps=1, use_cpu=True, bf16=False, dataloader_num_workers=0, report_to="none", max_length=128)
+    kw.update(extra)
+    targs = LQZOConfig(**kw)
+    assert recipe.main(zo, targs, ModelConfig(model_name_or_path="tiny-llama")) == 0
+    return tmp_path / "out"
+
+
+def test_tiny_recipe_runs_two_steps_saves_a_loadable_checkpoint_and_resumes(tmp_path, gsm8k_slice):
+    out = _run(tmp_path, gsm8k_slice, {"zo": {"zo_method": "lqzo", "zo_rank": 2}})
+    res = json.loads((out / "lqzo_results.json").read_text())
+    assert res["global_step"] == 2 and res["forward_passes"] == 4 and res["optimizer_state_bytes"] == 0
+    assert res["zo"]["rank"] == 2 and res["eval_loss_before"] is not None and res["accuracy_before"] is not None
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("loss" in r for r in lines)
+    # the saved folder is an ordinary HF checkpoint whose dense weights are the trained quantized model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    dense = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    q = load_file(str(out / "lqzo_quant.safetensors"))
+    name = "model.layers.0.self_attn.q_proj"
+    codes, zero, scale = q[f"{name}.codes"], q[f"{name}.zero"], q[f"{name}.scale"]
+    g = codes.shape[1] // scale.shape[1]
+    w = ((codes.view(codes.shape[0], -1, g).float() - zero[..., None]) * scale[..., None]).view(codes.shape)
+    assert torch.equal(dense.get_submodule(name).weight.data, w)
+    # the scales moved, the codes did not
+    from llmkit.train.lqzo.recipe import prepare_quantized
+
+    ref = AutoModelForCausalLM.from_pretrained(str(out / "tiny-llama"), dtype=torch.float32)
+    prepare_quantized(ref, str(out / "tiny-llama"), {"quant_bits": 4, "quant_group_size": 32}, progress=False)
+    assert torch.equal(ref.get_submodule(name).codes, codes)
+    assert not torch.equal(ref.get_submodule(name).scale.data, scale)
+    # resume from checkpoint-2 to step 3: continues the seed stream instead of starting over
+    out2 = _run(tmp_path, gsm8k_slice, {"zo": {"zo_method": "lqzo", "zo_rank": 2}, "max_steps": 3,
+                                        "resume_from_checkpoint": str(out / "checkpoint-2")})
+    assert json.loads((out2 / "lqzo_results.json").read_text())["global_step"] == 3
+
+
+def test_trainer_step_uses_no_grad_no_state_and_leaves_codes_frozen(tmp_path, gsm8k_slice, tiny_model,
+                                                                     tiny_tokenizer):
+    from llmkit.train.common import chat_dataset, load_records
+    from llmkit.train.lqzo.config import LQZOConfig
+    from llmkit.train.lqzo.trainer import LQZOTrainer
+
+    quantize_model(tiny_model, 4, 32)
+    codes = {n: b.clone() for n, b in tiny_model.named_buffers() if n.endswith("codes")}
+    scales = {n: p.detach().clone() for n, p in tiny_model.named_parameters() if n.endswith("scale")}
+    ds = chat_dataset(load_records(str(gsm8k_slice)))
+    args = LQZOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, learning_rate=1e-2,
+                      use_cpu=True, report_to="none", save_strategy="no", max_length=128, logging_steps=1)
+    settings = LQZOArguments(zo_method="lqzo", zo_rank=2).resolved()
+    seen_grad = []
+    tr = LQZOTrainer(model=tiny_model, args=args, train_dataset=ds, processing_class=tiny_tokenizer,
+                     zo_settings=settings)
+    tiny_model.register_forward_hook(lambda m, i, o: seen_grad.append(torch.is_grad_enabled()))
+    tr.train()
+    assert seen_grad and not any(seen_grad), "a training forward ran with autograd on"
+    assert len(tr.optimizer.state) == 0 if hasattr(tr.optimizer, "state") else True
+    assert all(p.grad is None for p in tiny_model.parameters())
+    for n, b in tiny_model.named_buffers():
+        if n.endswith("codes"):
+            assert torch.equal(b, codes[n])
+    assert any(not torch.equal(p.data, scales[n]) for n, p in tiny_model.named_parameters() if n in scales)
+
+
+@pytest.mark.bundled
+@pytest.mark.slow
+def test_bundled_model_int2_quantization_loses_and_one_lqzo_step_runs():
+    from llmkit.models import load
+    from llmkit.optim.zo import SeedZO
+    from llmkit.train.lqzo.task import compare_rows
+
+    model, tok = load("smollm2-135m-instruct")
+    rows = compare_rows(4, seed=0)
+    texts = [tok.apply_chat_template([{"role": "user", "content": r["question"]},
+                                      {"role": "assistant", "content": r["answer"]}], tokenize=False) for r in rows]
+    enc = tok(texts, return_tensors="pt", padding=True)
+    labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+    with torch.no_grad():
+        fp = model(**enc, labels=labels).loss.item()
+        quantize_model(model, 2, 64)
+        q2 = model(**enc, labels=labels).loss.item()
+    assert q2 > fp + 0.1, (fp, q2)
+    _, tensors, modes, _ = zo_trainable(model, {})
+    zo = SeedZO(tensors, modes=modes, rank=4, distribution="rademacher", isotropic=True)
+    before = [t.clone() for t in tensors[:3]]
+    with torch.no_grad():
+        d = zo.estimate(lambda: model(**enc, labels=labels).loss, 0)
+        assert all(torch.equal(a, b) for a, b in zip(before, tensors[:3]))
+        zo.update(0, d, lr=1e-3)
+    assert all(isinstance(m, nn.Module) for m in model.modules())
+    assert not torch.equal(before[0], tensors[0])
