@@ -6,6 +6,7 @@ the answers.
 
 from __future__ import annotations
 
+import json
 import threading
 
 import openai
@@ -87,8 +88,8 @@ def test_adapters_are_models_and_answer_like_peft_offline(folders):
         ref = {"base": _offline(base, None, p, 10), "alpha": _offline(base, adapters["alpha"], p, 10),
                "beta": _offline(base, adapters["beta"], p, 10)}
         assert len(set(ref.values())) == 3, p  # the adapters really change the answer
-        for m in ref:
-            assert got[m, p] == ref[m], (m, p)
+        for m, text in ref.items():
+            assert got[m, p] == text, (m, p)
 
 
 def test_lora_modules_flag(folders, capsys):
@@ -96,7 +97,7 @@ def test_lora_modules_flag(folders, capsys):
 
     base, adapters = folders
     args = build_parser().parse_args(["serve", "--model", base, "--lora-modules", f"alpha={adapters['alpha']}",
-                                      '{"name": "beta", "path": "%s"}' % adapters["beta"]])
+                                      json.dumps({"name": "beta", "path": adapters["beta"]})])
     engine = build_engine(args)
     assert engine.adapters == {"alpha": adapters["alpha"], "beta": adapters["beta"]}
     # without --model the base comes from the adapter's config

@@ -399,9 +399,9 @@ def test_template_with_native_tool_support_gets_the_tools():
 
 def _metric(url, name, labels=None):
     for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            if labels is None or all(f'{k}="{v}"' in line for k, v in labels.items()):
-                return float(line.rsplit(" ", 1)[1])
+        if line.startswith((name + "{", name + " ")) and (
+                labels is None or all(f'{k}="{v}"' in line for k, v in labels.items())):
+            return float(line.rsplit(" ", 1)[1])
     return None
 
 

@@ -17,7 +17,7 @@ class Engine(ABC):
                  progress: bool = False) -> list[list[Completion]]:
         """``n`` completions for each already-formatted prompt, in prompt order."""
 
-    adapters: dict = {}  # LoRA adapters served beside the base model: {name: folder}
+    adapters: dict = {}  # noqa: RUF012 - read-only default; LoRA adapters served beside the base model: {name: folder}
 
     def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """The rendered prompt (a ``ChatPrompt``: its ``token_ids`` are the safe ids where content holds markup)."""
@@ -36,7 +36,7 @@ class Engine(ABC):
 
     def compile_grammar(self, guided: dict):
         """What ``StreamRequest.grammar`` takes for ``params.guided`` (None: the engine does it from params)."""
-        return None
+        return
 
     def start_streaming(self, **kwargs):
         """A started ``llmkit.engines.stream.StreamLoop`` serving this engine's model (for the server)."""

@@ -70,9 +70,7 @@ class HFEngine(Engine):
 
     def _greedy(self, prompts: list[str], params: GenerationParams) -> list[Completion]:
         from llmkit.engines.hf_batcher import greedy_generate
-        from llmkit.generation import _eos_ids, truncate_at_stop
-
-        from llmkit.generation import prompt_ids
+        from llmkit.generation import _eos_ids, prompt_ids, truncate_at_stop
 
         tok = self.tokenizer
         ids = [prompt_ids(tok, p) for p in prompts]
@@ -83,12 +81,12 @@ class HFEngine(Engine):
         rows = greedy_generate(self.model, ids, params.max_new_tokens, eos, pad_id,
                                stop_reached=_stop_reached(tok, params.stop))
         out = []
-        for prompt_ids, (new, hit_eos) in zip(ids, rows):
+        for row_ids, (new, hit_eos) in zip(ids, rows):
             # exactly what generation.generate() makes of its output row
             text, hit_stop = truncate_at_stop(tok.decode(new, skip_special_tokens=True), params.stop)
             if hit_stop:
                 new = tok.encode(text, add_special_tokens=False)
-            out.append(Completion(text, len(prompt_ids), len(new), "stop" if (hit_eos or hit_stop) else "length",
+            out.append(Completion(text, len(row_ids), len(new), "stop" if (hit_eos or hit_stop) else "length",
                                   new))
         return out
 

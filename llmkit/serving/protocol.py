@@ -322,7 +322,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 # -- tool calls ---------------------------------------------------------------------------------------------
 
-_TOOL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+_TOOL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 
 def _call(obj, names) -> dict | None:
