@@ -83,7 +83,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--work", default=str(REPO / "outputs" / "bench-smith"), help="scratch folder for the runs")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (the shared 2-core machine generated faster with 1)")
     args = ap.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     q = args.quick
     n, grpo_steps, warm_steps = (2, 2, 12) if q else (5, 6, 40)
     max_new = 160 if q else 256

@@ -72,15 +72,22 @@ def build_tools(gen: Generator, families, pool: ToolPool, *, examples: int = 3, 
     """Ask ``gen`` to write a tool per family; add the best verified one to ``pool``. Returns, per family, the
     best attempt's axis scores and whether it joined the pool."""
     report = {}
-    for fam_name in tqdm(list(families), desc="build", disable=not progress):
+    families = list(families)
+    convs, owners = [], []
+    for fam_name in families:  # one generation call for every family and attempt (batched)
         fam = tasks.get(fam_name)
-        convs = [build_prompt(fam, fam.generate(examples, seed=seed + 7919 * a)) for a in range(attempts)]
-        best = None
-        for a, text in enumerate(gen(convs)):
-            s = score_build(text, fam_name, seed + a, checks=checks, limits=limits, unsafe=unsafe)
-            if best is None or (s.outcome, s.code, s.schema) > (best[0].outcome, best[0].code, best[0].schema):
-                best = (s, text)
-        s, text = best
+        for a in range(attempts):
+            convs.append(build_prompt(fam, fam.generate(examples, seed=seed + 7919 * a)))
+            owners.append((fam_name, a))
+    replies = gen(convs)
+    best: dict = {}
+    for (fam_name, a), text in tqdm(list(zip(owners, replies)), desc="verify builds", disable=not progress):
+        s = score_build(text, fam_name, seed + a, checks=checks, limits=limits, unsafe=unsafe)
+        b = best.get(fam_name)
+        if b is None or (s.outcome, s.code, s.schema) > (b[0].outcome, b[0].code, b[0].schema):
+            best[fam_name] = (s, text)
+    for fam_name in families:
+        s, text = best[fam_name]
         added = bool(s.spec is not None and s.outcome >= min_score and not s.detail.get("schema_errors"))
         if added:
             pool.add(s.spec, fam_name, s.outcome, step=step, source=source)
@@ -96,7 +103,8 @@ def evaluate(gen: Generator, families, *, pool: ToolPool | None = None, mode: st
     if mode not in ("pool", "reference", "none"):
         raise ValueError(f"mode must be pool, reference or none, got '{mode}'")
     per_family, used_tool = {}, {}
-    for fam_name in tqdm(list(families), desc=f"eval ({mode})", disable=not progress):
+    convs, jobs = [], []
+    for fam_name in families:  # all prompts of all families go to the generator in one call (batched)
         fam = tasks.get(fam_name)
         insts = fam.generate(n, seed=seed_offset)
         tool = None
@@ -106,14 +114,18 @@ def evaluate(gen: Generator, families, *, pool: ToolPool | None = None, mode: st
             e = pool.best(fam_name)
             tool = e.spec if e else None
         used_tool[fam_name] = tool is not None
+        for i in insts:
+            convs.append(plain_prompt(i) if tool is None else use_prompt(i, tool))
+            jobs.append((fam, i, tool))
+    replies = gen(convs)
+    right: dict = {f: [] for f in used_tool}
+    for (fam, inst, tool), r in tqdm(list(zip(jobs, replies)), desc=f"score ({mode})", disable=not progress):
         if tool is None:
-            replies = gen([plain_prompt(i) for i in insts])
-            right = [fam.verify(final_answer(r), i) for r, i in zip(replies, insts)]
+            ok = fam.verify(final_answer(r), inst)
         else:
-            replies = gen([use_prompt(i, tool) for i in insts])
-            right = [bool(score_use(r, fam_name, i, tool, limits=limits, unsafe=unsafe).outcome)
-                     for r, i in zip(replies, insts)]
-        per_family[fam_name] = sum(right) / max(len(right), 1)
+            ok = bool(score_use(r, fam.name, inst, tool, limits=limits, unsafe=unsafe).outcome)
+        right[fam.name].append(ok)
+    per_family = {f: sum(v) / max(len(v), 1) for f, v in right.items()}
     macro = sum(per_family.values()) / max(len(per_family), 1)
     return {"mode": mode, "per_family": per_family, "macro": macro, "used_tool": used_tool, "n": n}
 
