@@ -195,13 +195,16 @@ def plot(res: dict, path: Path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401
 
     fig, ax = plt.subplots(1, 4, figsize=(18, 4))
     Ts = sorted(int(t) for t in res["io_errors_by_T"])
     e = [res["io_errors_by_T"][t] for t in Ts]
     ax[0].loglog(Ts, e, "o-", label="fit_objective")
     ax[0].loglog(Ts, [e[0] * Ts[0] / t for t in Ts], "k--", label="d/T slope")
-    ax[0].set(xlabel="demonstrations T", ylabel="held-out decision error", title="Inverse optimization")
+    ax[0].set(xlabel="demonstrations T", ylabel="held-out decision error", title="Inverse optimization (d=5)")
+    ax[0].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax[0].set_xticks(Ts, [str(t) for t in Ts])
     ax[0].legend()
     for k, v in res["tensor_error_curves_seed0"].items():
         ax[1].semilogy(v, label=k.upper())

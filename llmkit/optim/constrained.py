@@ -291,7 +291,12 @@ def naive_projection_step(reward_grad: torch.Tensor, constraint_grads: torch.Ten
     s = trust_radius * ng / gn
     G = B @ NB.T
     viol = c + B @ s
-    lam = torch.linalg.solve(G, torch.clamp(viol, min=0.0)) if B.shape[0] else viol
+    rhs = torch.clamp(viol, min=0.0)
+    if B.shape[0] == 0:
+        return s.to(reward_grad.dtype)
+    lam, bad = torch.linalg.solve_ex(G, rhs)
+    if int(bad):  # exactly singular in floating point: the untruncated pseudo-inverse (what the projection asks for)
+        lam = torch.linalg.pinv(G, rtol=0.0) @ rhs
     return (s - NB.T @ lam).to(reward_grad.dtype)
 
 
