@@ -10,6 +10,7 @@ from scipy.optimize import linprog, minimize
 
 from llmkit.optim.constrained import locu_step, naive_projection_step, run_softmax_cmdp, softmax_cmdp_toy
 
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """Small dense algebra: one thread avoids OpenMP spin-waits on a shared machine (restored afterwards)."""
@@ -74,7 +75,7 @@ def test_locu_without_constraints_is_the_scaled_natural_gradient():
 def test_locu_screening_drops_constraints_that_cannot_bind():
     r, B, _, F = _random_problem(5, m=3)
     c = torch.tensor([-100.0, -100.0, 0.1], dtype=torch.float64)
-    s, info = locu_step(r, B, c, F, 0.3, return_info=True)
+    _, info = locu_step(r, B, c, F, 0.3, return_info=True)
     assert info.screened == [0, 1] and info.kept == [2]
     assert info.predicted_values[2] <= 1e-9
 

@@ -8,6 +8,7 @@ import torch
 
 from llmkit.optim.matrix import complete, low_rank_problem, relative_error
 
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """Small dense algebra: one thread avoids OpenMP spin-waits on a shared machine (restored afterwards)."""

@@ -11,6 +11,7 @@ import torch
 
 from llmkit.optim.tensor import compose, rank_one_approx, recover_rank_one
 
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """Small dense algebra: one thread avoids OpenMP spin-waits on a shared machine (restored afterwards)."""
@@ -68,7 +69,7 @@ def test_rgn_reaches_noise_floor_in_fewer_iterations_than_rgd(seed):
 
 def test_rgn_noiseless_is_exact_and_rgd_step_too_large_diverges():
     A, y, X = _problem((6, 5, 4), 90, 0.0, 3)
-    est, errs = _errors(A, y, X, "rgn", 8)
+    _, errs = _errors(A, y, X, "rgn", 8)
     assert errs[-1] < 1e-10
     _, bad = _errors(A, y, X, "rgd", 15, step=3.0)
     assert bad[-1] > 0.1                                       # the iteration is not a no-op: steps matter

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-__all__ = ["locu_step", "naive_projection_step", "LocuInfo"]
+__all__ = ["LocuInfo", "locu_step", "naive_projection_step"]
 
 
 @dataclass
@@ -98,7 +98,7 @@ def _solve_ball_polytope(a: np.ndarray, H: np.ndarray, b: np.ndarray, delta: flo
     if k > max_enumerate:
         return _solve_slsqp(a, H, b, delta, feas_tol)
     best, best_val = None, -np.inf
-    for size in range(0, min(k, r) + 1):
+    for size in range(min(k, r) + 1):
         for A in itertools.combinations(range(k), size):
             HA, bA = H[list(A)], b[list(A)]
             if size:
@@ -325,7 +325,10 @@ def run_softmax_cmdp(seed: int, method: str = "locu", steps: int = 150, trust_ra
     values, rewards = [], []
     for _ in range(steps):
         pi = torch.softmax(theta, 0)
-        grad = lambda v: pi * (v - pi @ v)  # noqa: E731  d(pi . v) / d theta
+
+        def grad(v, pi=pi):  # d(pi . v) / d theta
+            return pi * (v - pi @ v)
+
         c = C @ pi - L
         values.append(c.numpy().copy())
         rewards.append(float(pi @ R))

@@ -39,9 +39,17 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["target_regions", "chi2_worst_case_weights", "tc_dro_weights", "chi2_dro_weights",
-           "wasserstein_dro_weights", "wasserstein_dro_linear", "fit_weighted_linear", "tail_mask",
-           "imbalanced_regression_toy"]
+__all__ = [
+    "chi2_dro_weights",
+    "chi2_worst_case_weights",
+    "fit_weighted_linear",
+    "imbalanced_regression_toy",
+    "tail_mask",
+    "target_regions",
+    "tc_dro_weights",
+    "wasserstein_dro_linear",
+    "wasserstein_dro_weights",
+]
 
 
 def _vec(x, name) -> np.ndarray:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["fit_objective", "decision_error", "predict_actions"]
+__all__ = ["decision_error", "fit_objective", "predict_actions"]
 
 
 def _differences(contexts, actions, feasible_actions, feature_map) -> np.ndarray:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["complete", "relative_error", "low_rank_problem"]
+__all__ = ["complete", "low_rank_problem", "relative_error"]
 
 
 def _solve_rows(Y: torch.Tensor, W: torch.Tensor, obs: torch.Tensor, eps2: float, ridge: float) -> torch.Tensor:

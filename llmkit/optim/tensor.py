@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["recover_rank_one", "rank_one_approx", "compose"]
+__all__ = ["compose", "rank_one_approx", "recover_rank_one"]
 
 
 def compose(lam: torch.Tensor | float, factors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -18,7 +18,7 @@ import numpy as np
 
 from llmkit.optim.inverse import fit_objective
 
-__all__ = ["infer_reward_weights", "simulate_preference_pairs", "pairwise_agreement"]
+__all__ = ["infer_reward_weights", "pairwise_agreement", "simulate_preference_pairs"]
 
 
 def infer_reward_weights(preferred_rewards, rejected_rewards, *, method: str = "perceptron") -> list[float]:

@@ -22,7 +22,7 @@ import numpy as np
 
 from llmkit.optim import dro
 
-__all__ = ["solution_steps", "question_features", "DifficultyRegressor", "WEIGHTINGS"]
+__all__ = ["WEIGHTINGS", "DifficultyRegressor", "question_features", "solution_steps"]
 
 WEIGHTINGS = ("erm", "chi2", "tc_dro")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
