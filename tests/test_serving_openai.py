@@ -357,6 +357,25 @@ def test_tool_calling_round_trip(stream):
     assert second.endswith("<|im_start|>assistant\n")
 
 
+def test_streaming_with_tools_sends_text_as_it_comes_and_the_call_at_the_end():
+    eng = ScriptedEngine(["plain answer, no call", "Let me add.\n" + CALL])
+    with BackgroundServer(build_app(eng, ServerConfig(model_name="s"))) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        for want_calls in (False, True):
+            chunks = [c for c in client.chat.completions.create(model="s", messages=MSG, tools=[ADD], max_tokens=64,
+                                                                stream=True) if c.choices]
+            parts = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
+            calls = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or []]
+            finish = chunks[-1].choices[0].finish_reason
+            if not want_calls:  # the scripted engine sends two pieces: both stream at once, as content
+                assert parts == ["plain answ", "er, no call"] and not calls and finish == "stop"
+            else:  # the text before the call streams as content; no piece of the tag leaks into it
+                assert "".join(parts).strip() == "Let me add." and "<" not in "".join(parts)
+                assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+                    ("add", {"a": 2, "b": 3})]
+                assert finish == "tool_calls"
+
+
 def test_tool_choice_none_hides_tools_and_plain_answers_stay_content():
     eng = ScriptedEngine(["just text", CALL])
     with BackgroundServer(build_app(eng, ServerConfig(model_name="s"))) as s:

@@ -383,11 +383,13 @@ class _Server:
         rid, created = new_id("chatcmpl" if chat else "cmpl"), now()
         obj = "chat.completion.chunk" if chat else "text_completion"
         model = req.model or self.cfg.model_name
-        guard_hold = self.cfg.guard is not None and self.cfg.guard_action in ("block", "correct")
-        # with tools in play the answer is held until it is known whether it is a call (then tool_calls deltas)
-        hold = guard_hold or plan.parse_tools
+        # block/correct: the whole answer waits for the guard. With tools offered, text streams as content
+        # until it may be a tool call (a <tool_call> tag, or an answer opening with JSON); the call itself
+        # goes out as tool_calls deltas once the answer is complete and parsed
+        hold = self.cfg.guard is not None and self.cfg.guard_action in ("block", "correct")
         want_lp = req.logprobs_k() is not None
         texts, counts, finishes = [""] * k, [0] * k, [None] * k
+        sent = [0] * k  # characters of texts[i] already streamed
         lp_wait: list[list] = [[] for _ in range(k)]
         started = [False] * k
 
@@ -430,9 +432,11 @@ class _Server:
                     self._first_token(t0)
                     first = False
                 texts[i] += ev.text
-                if not hold:
+                safe = len(texts[i]) if not plan.parse_tools else _tool_safe_prefix(texts[i])
+                if not hold and safe > sent[i]:
                     entries, lp_wait[i] = lp_wait[i], []
-                    yield chunk(i, ev.text, entries=entries)
+                    yield chunk(i, texts[i][sent[i]:safe], entries=entries)
+                    sent[i] = safe
             if ev.finish_reason:
                 pending -= 1
                 finishes[i] = ev.finish_reason
@@ -443,10 +447,17 @@ class _Server:
                                                                        params_list[i], prefills[i // req.n])
                     finish, extra = override or finish, {"guard": verdict}
                 entries, lp_wait[i] = lp_wait[i], []
-                if hold:
+                if hold or sent[i] < len(text):
                     content, calls = self._tool_split(plan, text) if chat else (text, [])
-                    if content:
-                        yield chunk(i, content, entries=entries)
+                    if hold:
+                        rest = content
+                    elif not calls:
+                        rest = text[sent[i]:]
+                    else:  # what was streamed is the start of the content before the first call
+                        done = text[:sent[i]].strip()
+                        rest = content[len(done):] if content and content.startswith(done) else None
+                    if rest:
+                        yield chunk(i, rest, entries=entries)
                         entries = []
                     for j, c in enumerate(calls):
                         yield chunk(i, delta={"tool_calls": [{"index": j, **c}]}, entries=entries)
@@ -538,6 +549,27 @@ class _Server:
             return Response(status_code=499)
         finally:
             self.release()
+
+
+TOOL_TAG = "<tool_call>"
+
+
+def _tool_safe_prefix(text: str) -> int:
+    """How much of a growing answer can stream as content while tools are offered.
+
+    Nothing while the answer may be a bare JSON call (it opens with ``{`` or ``[``, or is blank so
+    far); otherwise everything before a ``<tool_call>`` tag, holding back a tail that may begin one.
+    """
+    head = text.lstrip()
+    if not head or head[0] in "{[":
+        return 0
+    cut = text.find(TOOL_TAG)
+    if cut != -1:
+        return cut
+    for n in range(min(len(TOOL_TAG) - 1, len(text)), 0, -1):
+        if text.endswith(TOOL_TAG[:n]):
+            return len(text) - n
+    return len(text)
 
 
 class _EngineView:
