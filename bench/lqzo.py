@@ -4,9 +4,9 @@
     python bench/lqzo.py              # more steps, more eval rows
 
 Every ZO method gets the same number of forward passes (steps x 2q) on the same data (GSM8K train
-solutions interleaved with the procedural compare task, see llmkit/train/lqzo/task.py for why that
+solutions interleaved with the procedural sentiment task, see llmkit/train/lqzo/task.py for why that
 task); QLoRA gets the same number of forward passes too (each with a backward). Reported: completion
-loss on held-out GSM8K test solutions and two-choice accuracy on held-out compare problems, before and
+loss on held-out GSM8K test solutions and two-choice accuracy on held-out sentiment problems, before and
 after; peak memory of an LQZO step vs a forward of the same batch vs a QLoRA step (fresh process per
 probe); LQZO step time vs two forwards. Writes bench/results/lqzo.json (lqzo_quick.json for --quick) and
 a PNG.
@@ -25,6 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+class _Skip(Exception):
+    pass
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -35,10 +39,11 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--group-size", type=int, default=64)
+    ap.add_argument("--skip-qlora", action="store_true", help="leave out the QLoRA training run (its memory probe stays)")
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "llmkit-lqzo-bench"))
     args = ap.parse_args()
-    steps = args.steps or (4 if args.quick else 40)
-    n_eval, n_acc, n_train = (8, 32, 64) if args.quick else (32, 100, 400)
+    steps = args.steps or (2 if args.quick else 40)
+    n_eval, n_acc, n_train = (4, 24, 32) if args.quick else (32, 100, 400)
 
     import torch
 
@@ -57,7 +62,7 @@ def main() -> int:
     res: dict = {"model": B.MODEL, "quick": args.quick, "zo_steps": steps, "forward_passes_per_method": fwd,
                  "batch": args.batch, "max_length": args.max_length, "group_size": args.group_size,
                  "lr_scales": args.lr, "lr_mezo": args.mezo_lr, "lr_qlora": args.qlora_lr,
-                 "eval_rows": n_eval, "accuracy_rows": n_acc, "accuracy_task": "compare", "runs": {}}
+                 "eval_rows": n_eval, "accuracy_rows": n_acc, "accuracy_task": "sentiment", "runs": {}}
     tmp = Path(tempfile.mkdtemp(prefix="lqzo-bench-"))
     curves = {}
 
@@ -100,13 +105,19 @@ def main() -> int:
         del base
 
     # first-order QLoRA (bitsandbytes NF4 + LoRA), same forward passes
+    if args.skip_qlora:
+        res["runs"]["qlora_nf4"] = {"skipped": "--skip-qlora"}
     try:
+        if args.skip_qlora:
+            raise _Skip
         model, tok = B.qlora_model()
         before = measure(model, tok)
         t0 = time.perf_counter()
         hist = B.train_qlora(model, tok, train_ds, fwd, args.qlora_lr, args.batch, args.max_length, tmp / "qlora")
         record("qlora_nf4", before, measure(model, tok), hist, time.perf_counter() - t0)
         del model
+    except _Skip:
+        pass
     except Exception as e:  # noqa: BLE001 -- bitsandbytes CPU support varies; report instead of losing the run
         res["runs"]["qlora_nf4"] = {"error": f"{type(e).__name__}: {e}"}
         print(f"qlora_nf4: failed ({type(e).__name__}: {e})", flush=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from trl import SFTConfig
 
 ZO_METHODS = ("lqzo", "qzo", "mezo")
-TASKS = ("compare", "none")
+TASKS = ("sentiment", "compare", "none")
 
 # what each --zo_method means when the individual switches are left unset (None)
 PRESETS = {
@@ -63,9 +63,10 @@ class LQZOArguments:
     eval_data_config: str | None = field(default=None, metadata={"help": "dataset config name for eval_data"})
     eval_split: str = field(default="test", metadata={"help": "split for hub validation datasets"})
     max_eval_samples: int | None = field(default=64, metadata={"help": "use only the first N held-out rows"})
-    accuracy_task: str = field(default="compare", metadata={
-        "help": "two-choice accuracy reported before/after: compare (which of two numbers is larger, scored by "
-                "log-likelihood of the two answers) or none", "choices": list(TASKS)})
+    accuracy_task: str = field(default="sentiment", metadata={
+        "help": "two-choice accuracy reported before/after, scored by the log-likelihood of the two answers: "
+                "sentiment (procedural two-sentence reviews, positive/negative), compare (which of two numbers "
+                "is larger) or none", "choices": list(TASKS)})
     accuracy_samples: int = field(default=200, metadata={"help": "held-out problems of the accuracy task"})
 
     def __post_init__(self):

@@ -11,7 +11,8 @@ A quantizer of ~100 lines with a plain layout is easier to trust and to test:
   simple and fast to dequantize; packing 2 or 4 codes per byte would cut code memory 2-4x and is left
   out), frozen.
 * ``zero``: float buffer ``(out, in / group)``, an integer-valued zero point per group, frozen.
-* ``scale``: float ``nn.Parameter`` ``(out, in / group)``, the trainable set.
+* ``scale``: float32 ``nn.Parameter`` ``(out, in / group)``, the trainable set (float32 even in a bf16
+  model: a relative perturbation of 1e-3 is below bf16's resolution).
 * ``W = (codes - zero) * scale`` per group, dequantized on the fly in each forward (the dense weight
   is a temporary of one layer at a time, as in inference kernels without fused dequantization).
 
@@ -95,7 +96,7 @@ def quantize_weight(w: torch.Tensor, bits: int, group_size: int,
             best_scale = torch.where(better, scale, best_scale)
             best_zero = torch.where(better, zero, best_zero)
     codes = torch.clamp(torch.round(wg / best_scale.unsqueeze(-1)) + best_zero.unsqueeze(-1), 0, qmax)
-    return codes.view(out_f, in_f).to(torch.uint8), best_zero.to(w.dtype), best_scale.to(w.dtype)
+    return codes.view(out_f, in_f).to(torch.uint8), best_zero.float(), best_scale.float()
 
 
 def _pick_group(in_features: int, group_size: int) -> int:
@@ -176,8 +177,8 @@ def load_quant_state(model: nn.Module, tensors: dict[str, torch.Tensor], meta: d
         ref = old.scale if isinstance(old, QuantLinear) else old.weight
         bias = old.bias
         codes = tensors[f"{name}.codes"].to(ref.device)
-        zero = tensors[f"{name}.zero"].to(device=ref.device, dtype=ref.dtype)
-        scale = tensors[f"{name}.scale"].to(device=ref.device, dtype=ref.dtype)
+        zero = tensors[f"{name}.zero"].to(device=ref.device, dtype=torch.float32)
+        scale = tensors[f"{name}.scale"].to(device=ref.device, dtype=torch.float32)
         setattr(parent, child, QuantLinear(codes, zero, scale, bias, info["bits"], info["group_size"]))
     return list(meta)
 

@@ -51,12 +51,12 @@ def prepare_quantized(model, model_path: str, settings: dict, progress: bool = T
 
 def load_data(a: LQZOArguments, seed: int):
     from llmkit.train.common import chat_dataset, load_records
-    from llmkit.train.lqzo.task import compare_rows
+    from llmkit.train.lqzo.task import TASK_ROWS
 
     train = load_records(a.train_data, a.train_split, a.train_data_config, a.max_train_samples) if a.train_data else []
-    if a.task_train_samples and a.accuracy_task == "compare":
+    if a.task_train_samples and a.accuracy_task in TASK_ROWS:
         task = [{"question": r["question"], "answer": r["answer"]}
-                for r in compare_rows(a.task_train_samples, seed=10_000 + seed)]
+                for r in TASK_ROWS[a.accuracy_task](a.task_train_samples, seed=10_000 + seed)]
         # interleave so every batch sees both
         mixed, i, j = [], 0, 0
         while i < len(train) or j < len(task):
@@ -71,7 +71,8 @@ def load_data(a: LQZOArguments, seed: int):
     train_ds = chat_dataset(train, "prompt_completion", where=a.train_data)
     eval_rows = load_records(a.eval_data, a.eval_split, a.eval_data_config, a.max_eval_samples) if a.eval_data else []
     eval_ds = chat_dataset(eval_rows, "prompt_completion", where=a.eval_data) if eval_rows else None
-    acc_rows = compare_rows(a.accuracy_samples, seed=20_000 + seed) if a.accuracy_task == "compare" else []
+    acc_rows = TASK_ROWS[a.accuracy_task](a.accuracy_samples, seed=20_000 + seed) if a.accuracy_task in TASK_ROWS \
+        else []
     return train_ds, eval_ds, eval_rows, acc_rows
 
 

@@ -1,12 +1,15 @@
-"""The accuracy task of the LQZO recipe and bench: which of two numbers is larger, scored by log-likelihood.
+"""The accuracy tasks of the LQZO recipe and bench: two-choice problems scored by log-likelihood.
 
-Why this task: the bundled 135M model is at a few percent on GSM8K (generation-graded), where a few
-hundred zeroth-order steps on quantization scales cannot move anything measurable, and generation on
-2 shared CPU cores costs more than the training. Comparing two 2-digit numbers is a skill the model
-has only partly (well above chance in full precision, near chance after INT2 quantization), it is
-graded exactly without generation (the answer is the choice with the higher completion
-log-likelihood: two short forwards per problem), and a procedural generator gives fresh held-out
-problems with no data file. MeZO's own results are on exactly this kind of prompted two-way choice.
+Why ``sentiment`` (the default): the bundled 135M model is at a few percent on GSM8K (generation-
+graded), where a few hundred zeroth-order steps on quantization scales cannot move anything
+measurable, and generation on 2 shared CPU cores costs more than the training. Procedural
+two-sentence reviews with a clear polarity (SST-2-like, the kind of prompted two-way choice on which
+MeZO reports its results) are a task the full-precision model does above chance (measured 0.625 on
+48 problems) but not well, so there is room both to lose (quantization) and to gain (finetuning); it
+is graded exactly without generation (the answer is the choice with the higher completion
+log-likelihood), and the generator gives fresh held-out problems with no data file. ``compare``
+(which of two numbers is larger) is kept as a harder option: the bundled model is at chance on it
+(0.48 on 48 problems, it echoes the first number).
 """
 
 from __future__ import annotations
@@ -27,6 +30,31 @@ def compare_rows(n: int, seed: int = 0, lo: int = 10, hi: int = 99) -> list[dict
         big = max(a, b)
         rows.append({"question": PROMPT.format(a=a, b=b), "answer": str(big), "choices": [str(a), str(b)],
                      "label": 0 if a == big else 1})
+    return rows
+
+
+POSITIVE = ("wonderful", "excellent", "delightful", "fantastic", "great", "superb", "lovely", "brilliant",
+            "charming", "pleasant", "outstanding", "enjoyable", "impressive", "friendly", "perfect", "amazing")
+NEGATIVE = ("terrible", "awful", "dreadful", "horrible", "poor", "disappointing", "boring", "rude", "bland",
+            "unpleasant", "mediocre", "annoying", "dirty", "broken", "miserable", "useless")
+SUBJECTS = ("The food", "The movie", "The hotel room", "The service", "The concert", "The book", "The staff",
+            "The new phone", "The game", "The trip", "The coffee", "The lecture")
+SENTIMENT_PROMPT = ('Review: "{s1} was {a1}, and {s2} was {a2}."\nIs the sentiment of this review positive or '
+                    'negative? Answer with one word.')
+
+
+def sentiment_rows(n: int, seed: int = 0) -> list[dict]:
+    """``n`` two-sentence reviews with a consistent polarity; choices ``positive``/``negative`` (SST-2-like)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        label = rng.randrange(2)
+        words = POSITIVE if label == 0 else NEGATIVE
+        s1, s2 = rng.sample(SUBJECTS, 2)
+        a1, a2 = rng.sample(words, 2)
+        rows.append({"question": SENTIMENT_PROMPT.format(s1=s1, a1=a1, s2=s2.lower(), a2=a2),
+                     "answer": ["positive", "negative"][label], "choices": ["positive", "negative"],
+                     "label": label})
     return rows
 
 
@@ -63,3 +91,6 @@ def choice_accuracy(model, tok, rows: list[dict], batch_size: int = 16) -> float
     pred = scores.argmax(-1)
     gold = torch.tensor([r["label"] for r in rows])
     return float((pred == gold).float().mean())
+
+
+TASK_ROWS = {"sentiment": sentiment_rows, "compare": compare_rows}

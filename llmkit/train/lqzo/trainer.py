@@ -175,7 +175,8 @@ class LQZOTrainer(SFTTrainer):
 
 def save_dense(model: nn.Module, output_dir: str) -> None:
     """An ordinary HF checkpoint: dense (dequantized) weights in the model's dtype via ``save_pretrained``."""
-    sd = dequantized_state_dict(model)
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    sd = dequantized_state_dict(model, emb.weight.dtype if emb is not None else None)
     model.save_pretrained(output_dir, state_dict=sd, safe_serialization=True)
 
 
