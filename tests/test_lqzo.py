@@ -199,3 +199,22 @@ def test_bundled_model_int2_quantization_loses_and_one_lqzo_step_runs():
         zo.update(0, d, lr=1e-3)
     assert all(isinstance(m, nn.Module) for m in model.modules())
     assert not torch.equal(before[0], tensors[0])
+
+
+def test_accuracy_tasks_are_consistent_and_scored_by_likelihood(tiny_model, tiny_tokenizer):
+    from llmkit.train.lqzo.task import NEGATIVE, POSITIVE, choice_accuracy, compare_rows, sentiment_rows
+
+    rows = sentiment_rows(200, seed=1)
+    assert 60 < sum(r["label"] for r in rows) < 140
+    for r in rows:
+        words = POSITIVE if r["label"] == 0 else NEGATIVE
+        other = NEGATIVE if r["label"] == 0 else POSITIVE
+        assert sum(w in r["question"] for w in words) == 2 and not any(f" {w}," in r["question"] for w in other)
+    assert sentiment_rows(5, seed=2) == sentiment_rows(5, seed=2) != sentiment_rows(5, seed=3)
+    for r in compare_rows(50, seed=0):
+        assert int(r["answer"]) == max(map(int, r["choices"])) == int(r["choices"][r["label"]])
+    # scoring is by likelihood: flipping every gold label turns accuracy a into 1 - a (two choices, no ties)
+    rows = sentiment_rows(12, seed=4)
+    acc = choice_accuracy(tiny_model, tiny_tokenizer, rows)
+    flipped = [dict(r, label=1 - r["label"]) for r in rows]
+    assert abs(choice_accuracy(tiny_model, tiny_tokenizer, flipped) - (1 - acc)) < 1e-6
