@@ -48,7 +48,6 @@ def main() -> int:
     import torch
 
     torch.manual_seed(0)
-    from llmkit.train.common import load_records
     from llmkit.train.lqzo import benchlib as B
     from llmkit.train.lqzo.config import LQZOArguments
     from llmkit.train.lqzo.recipe import load_data

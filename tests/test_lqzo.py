@@ -8,7 +8,13 @@ import pytest
 import torch
 from torch import nn
 
-from llmkit.train.lqzo import LQZOArguments, QuantLinear, dequantized_state_dict, quantize_model, quantize_weight
+from llmkit.train.lqzo import (
+    LQZOArguments,
+    QuantLinear,
+    dequantized_state_dict,
+    quantize_model,
+    quantize_weight,
+)
 from llmkit.train.lqzo.trainer import zo_trainable
 
 
@@ -51,7 +57,7 @@ def test_quantize_model_replaces_linears_and_dequantized_state_dict_is_a_plain_c
 
 def test_trainable_set_is_the_scales_plus_optional_norms(tiny_model):
     quantize_model(tiny_model, 2, 32)
-    names, tensors, modes, _ = zo_trainable(tiny_model, {"train_norms": False})
+    names, _tensors, modes, _ = zo_trainable(tiny_model, {"train_norms": False})
     assert names and all(n.endswith(".scale") for n in names) and set(modes) == {"mul"}
     names2, _, modes2, _ = zo_trainable(tiny_model, {"train_norms": True})
     extra = set(names2) - set(names)
@@ -102,12 +108,13 @@ def _run(tmp_path, data, extra: dict):
 
     zo = LQZOArguments(train_data=str(data), eval_data=str(data), max_eval_samples=2, accuracy_samples=4,
                        quant_group_size=32, **extra.pop("zo", {}))
-    from llmkit.train.lqzo.config import LQZOConfig
     from trl import ModelConfig
 
-    kw = dict(output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=2,
-              per_device_eval_batch_size=2, learning_rate=1e-2, logging_steps=1, save_strategy="steps",
-              save_steps=1, use_cpu=True, bf16=False, dataloader_num_workers=0, report_to="none", max_length=128)
+    from llmkit.train.lqzo.config import LQZOConfig
+
+    kw = {"output_dir": str(tmp_path / "out"), "max_steps": 2, "per_device_train_batch_size": 2,
+              "per_device_eval_batch_size": 2, "learning_rate": 1e-2, "logging_steps": 1, "save_strategy": "steps",
+              "save_steps": 1, "use_cpu": True, "bf16": False, "dataloader_num_workers": 0, "report_to": "none", "max_length": 128}
     kw.update(extra)
     targs = LQZOConfig(**kw)
     assert recipe.main(zo, targs, ModelConfig(model_name_or_path="tiny-llama")) == 0

@@ -209,8 +209,8 @@ class RSCZO(torch.optim.Optimizer):
                  generator: torch.Generator | None = None, return_loss: bool = False):
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-        super().__init__(params, dict(lr=lr, mu=mu, num_directions=num_directions, clip=clip, momentum=momentum,
-                                      weight_decay=weight_decay, distribution=distribution))
+        super().__init__(params, {"lr": lr, "mu": mu, "num_directions": num_directions, "clip": clip, "momentum": momentum,
+                                      "weight_decay": weight_decay, "distribution": distribution})
         self.generator = generator
         self.return_loss = return_loss
 

@@ -32,7 +32,13 @@ Deviations, and why:
 """
 
 from llmkit.train.lqzo.config import PRESETS, ZO_METHODS, LQZOArguments, LQZOConfig
-from llmkit.train.lqzo.quant import QuantLinear, dequantized_state_dict, held_bytes, quantize_model, quantize_weight
+from llmkit.train.lqzo.quant import (
+           QuantLinear,
+           dequantized_state_dict,
+           held_bytes,
+           quantize_model,
+           quantize_weight,
+)
 
 __all__ = ["PRESETS", "ZO_METHODS", "LQZOArguments", "LQZOConfig", "QuantLinear", "dequantized_state_dict",
            "held_bytes", "quantize_model", "quantize_weight"]

@@ -140,7 +140,7 @@ def dequantized_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -
     qmods = quant_modules(model)
     sd = {}
     for k, v in model.state_dict().items():
-        mod, _, leaf = k.rpartition(".")
+        mod, _, _leaf = k.rpartition(".")
         if mod in qmods:
             continue
         sd[k] = v

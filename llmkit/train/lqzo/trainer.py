@@ -71,12 +71,12 @@ class ZOOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         if self.pending is None:
-            return None
+            return
         step, d = self.pending
         g = self.param_groups[0]
         self.engine.update(step, d, g["lr"], [g["weight_decay"] * m for m in self.decay_mask])
         self.pending = None
-        return None
+        return
 
 
 class LQZOTrainer(SFTTrainer):
