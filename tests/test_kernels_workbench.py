@@ -161,16 +161,17 @@ def test_candidate_without_modelnew_is_rejected_without_running(tmp_path):
 # ------------------------------------------------------------------------------------ verifier: runs
 
 
-def _run_all(pairs, **kw):
+def _run_all(pairs, timeout=300.0):
     with ThreadPoolExecutor(max_workers=3) as pool:
-        futs = {name: pool.submit(verify, FIX / f"{ref}.py", FIX / f"{name}.py", "hopper", prec, trials=1, **kw)
+        futs = {name: pool.submit(verify, FIX / f"{ref}.py", FIX / f"{name}.py", "hopper", prec, trials=1,
+                                  timeout=30 if name == "bad_infinite_loop" else timeout)
                 for name, ref, prec in pairs}
         return {k: f.result() for k, f in futs.items()}
 
 
 @pytest.mark.slow
 def test_verifier_rejects_every_bad_candidate_for_its_own_reason():
-    res = _run_all([(b, "ref_softmax", "bf16") for b in BAD], timeout=60)
+    res = _run_all([(b, "ref_softmax", "bf16") for b in BAD])
     for name, r in res.items():
         assert r["correct"] is False, name
         assert set(r) >= {"compiled", "correct", "max_abs_err", "max_rel_err", "strategies", "speedup", "reasons"}
@@ -195,17 +196,19 @@ def test_verifier_accepts_good_candidates_and_reports_strategies():
     assert "warp_shuffle_reduction" in res["good_softmax"]["strategies"]
 
 
-@pytest.mark.slow
-def test_cli_verify_prints_one_json_object_and_exit_codes():
-    cmd = [sys.executable, "-m", "llmkit.cli", "kernels", "verify", "--ref", str(FIX / "ref_inquant_quant.py"),
-           "--candidate", str(FIX / "cand_inquant_quant.py"), "--arch", "ampere", "--precision", "fp32",
-           "--trials", "1"]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd="/tmp", timeout=600)
-    assert p.returncode == 0, p.stderr[-500:]
+@pytest.mark.slow  # two `llmkit` subprocesses (the CLI imports every command module)
+def test_cli_verify_prints_one_json_object_and_exit_codes(tmp_path):
+    cand = tmp_path / "cand.py"
+    cand.write_text("import torch\n")  # no ModelNew, no kernel: rejected before anything runs
+    cmd = [sys.executable, "-m", "llmkit.cli", "kernels", "verify", "--ref", str(FIX / "ref_softmax.py"),
+           "--candidate", str(cand), "--arch", "ampere"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd="/tmp", timeout=300)
+    assert p.returncode == 0, p.stderr[-500:]  # the verification ran; the candidate failed it
     r = json.loads(p.stdout.strip().splitlines()[-1])
-    assert r["correct"] is True and r["max_abs_err"] == 0.0 and r["compiled"] is True
-    bad = subprocess.run(cmd[:5] + [str(FIX / "good_softmax.py")] + cmd[6:], capture_output=True, text=True,
-                         cwd="/tmp", timeout=120)
+    assert r["correct"] is False and r["compiled"] is False and r["speedup"] is None
+    assert any("ModelNew" in x for x in r["reasons"])
+    bad_cmd = [str(FIX / "good_softmax.py") if x == str(FIX / "ref_softmax.py") else x for x in cmd]
+    bad = subprocess.run(bad_cmd, capture_output=True, text=True, cwd="/tmp", timeout=300)
     assert bad.returncode == 2 and "must define Model" in bad.stderr
 
 

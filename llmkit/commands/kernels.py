@@ -40,6 +40,7 @@ def register(sub):
     g.add_argument("--max-examples", type=int, default=2, help="strategy tests shown as worked examples")
     g.add_argument("--trials", type=int, default=2)
     g.add_argument("--timeout", type=float, default=300.0, help="verification timeout per candidate (s)")
+    g.add_argument("--request-timeout", type=float, default=600.0, help="seconds to wait for one model reply")
     g.add_argument("--out", required=True, help="output folder (candidates/, trajectory.jsonl, best.py, summary.json)")
     g.set_defaults(func=run_generate)
     s = ksub.add_parser("strategies", help="list the strategy taxonomy of an architecture")
@@ -93,7 +94,8 @@ def run_generate(args) -> int:
     summary = generate(args.ref, args.arch, args.endpoint, args.model, args.out, budget=args.budget,
                        candidates=args.candidates, parallel=args.parallel, precision=args.precision,
                        temperature=args.temperature, max_tokens=args.max_tokens, max_examples=args.max_examples,
-                       verify_timeout=args.timeout, trials=args.trials)
+                       verify_timeout=args.timeout, trials=args.trials,
+                       request_timeout=args.request_timeout)
     print(json.dumps({k: summary[k] for k in ("n_candidates", "n_correct", "n_errors", "rounds")}
                      | {"best": summary["best"]["path"] if summary["best"] else None, "out": args.out}))
     return 0
