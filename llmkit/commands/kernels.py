@@ -78,7 +78,7 @@ def run_generate(args) -> int:
 
     from llmkit.cli import UserError
     from llmkit.kernels.workbench.generate import generate
-    from llmkit.kernels.workbench.verify import PRECISIONS, check_reference_source, VerifyInputError
+    from llmkit.kernels.workbench.verify import PRECISIONS, VerifyInputError, check_reference_source
 
     _check_arch(args.arch)
     if not Path(args.ref).is_file():

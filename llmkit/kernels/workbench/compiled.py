@@ -61,7 +61,7 @@ def native_arch() -> str | None:
             name = torch.cuda.get_device_properties(0).gcnArchName
             return "mi350" if name.startswith("gfx950") else None
         major, _ = torch.cuda.get_device_capability()
-    except Exception:  # pragma: no cover - broken driver: treat as no GPU
+    except Exception:  # noqa: BLE001 - broken driver: treat as no GPU
         return None
     return {8: "ampere", 9: "hopper", 10: "blackwell"}.get(major)
 
@@ -263,7 +263,6 @@ def run_interpreted(kernel, grid, *args, **kwargs):
     import os
 
     from triton import knobs
-    from triton.runtime.interpreter import InterpretedFunction
 
     prev, env = knobs.runtime.interpret, os.environ.get("TRITON_INTERPRET")
     knobs.runtime.interpret = True

@@ -207,7 +207,7 @@ def row_sum_serial_kernel(x, out, N, BLOCK: tl.constexpr):
 # ------------------------------------------------------------------------------------ runners
 
 # small enough for the interpreter, large enough for every target's MMA instruction shapes
-MM = dict(M=128, N=128, K=128, BM=128, BN=64, BK=32)
+MM = {"M": 128, "N": 128, "K": 128, "BM": 128, "BN": 64, "BK": 32}
 
 
 def _operands(dtype, M, N, K, seed=0, b_nk=False):
@@ -230,7 +230,7 @@ def run_matmul(kernel=matmul_kernel, dtype=torch.bfloat16, num_stages=1, num_war
         a = torch.cat([a.new_zeros(offset), a.flatten()])[offset:].view(M, K)
     is_int = dtype == torch.int8
     c = torch.empty(M, N, dtype=torch.int32 if is_int else torch.float32)
-    kw = dict(ACC=tl.int32) if is_int else {}
+    kw = {"ACC": tl.int32} if is_int else {}
     kernel[(M // s["BM"], N // s["BN"])](a, b, c, M, N, K, BM=s["BM"], BN=s["BN"], BK=s["BK"],
                                          num_stages=num_stages, num_warps=num_warps, **kw)
     ref = a.int() @ b.int() if is_int else a.float() @ b.float()
@@ -273,7 +273,7 @@ def run_splitk(atomic=True, split=4):
 
 
 def run_persistent(persistent=True, programs=2):
-    s = dict(MM, M=256)  # 4 tiles on 2 programs: each program walks two
+    s = {**MM, "M": 256}  # 4 tiles on 2 programs: each program walks two
     M, N, K = s["M"], s["N"], s["K"]
     if not persistent:
         return run_matmul(matmul_kernel, **s)
@@ -315,7 +315,7 @@ def mx_dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def run_mx_matmul(scaled=True):
-    s = dict(MM, BK=64)
+    s = {**MM, "BK": 64}
     M, N, K = s["M"], s["N"], s["K"]
     a, b = _operands(torch.float32, M, N, K, b_nk=True)
     qa, sa = mx_quantize(a)

@@ -260,7 +260,7 @@ def scripted_endpoint(replies: list[str]):
         def log_message(self, *a):  # quiet
             pass
 
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             with lock:
                 state["requests"].append(body)

@@ -61,7 +61,7 @@ def run_strategy_suite(timeout: float = 1800.0) -> dict:
         env = dict(os.environ, TRITON_DEFAULT_FP_FUSION="1")
         env.pop("TRITON_INTERPRET", None)
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=importlib",
-                        f"--junitxml={xml}", str(REPO / "kernels" / "strategies")], cwd=REPO, env=env,
+                        f"--junitxml={xml}", str(REPO / "kernels" / "strategies")], check=False, cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=timeout)
         per_file: dict[str, bool] = {}
         if xml.is_file():
@@ -75,8 +75,8 @@ def run_strategy_suite(timeout: float = 1800.0) -> dict:
     per_arch = {}
     for arch in ARCHS:
         names = load_taxonomy(arch).names
-        passed = [n for n in names if any(k.endswith(f"{arch}/test_{n}.py") or k.endswith(f"{arch}.test_{n}")
-                                          or k.endswith(f"{arch}/test_{n}") for k, v in per_file.items() if v)]
+        passed = [n for n in names if any(k.endswith((f"{arch}/test_{n}.py", f"{arch}.test_{n}", f"{arch}/test_{n}"))
+                                          for k, v in per_file.items() if v)]
         per_arch[arch] = {"passed": len(passed), "total": len(names), "failed": sorted(set(names) - set(passed))}
     return {"per_arch": per_arch, "passed": sum(a["passed"] for a in per_arch.values()),
             "total": sum(a["total"] for a in per_arch.values())}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -100,7 +100,7 @@ def parse_taxonomy(data: dict, source: str = "<taxonomy>") -> Taxonomy:
     return Taxonomy(data["arch"], str(data.get("target", "")), tuple(out))
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_taxonomy(arch: str, root: str | None = None) -> Taxonomy:
     """The taxonomy of ``arch`` (ampere, hopper, blackwell, mi350)."""
     if arch not in ARCHS:

@@ -40,8 +40,8 @@ def time_gpu(fn, warmup: int = 5, repeats: int = 20) -> float | None:
 
 def speedups(candidate, reference, inputs, compile_reference: bool = True) -> dict:
     """{ms_candidate, ms_eager, ms_compile, speedup, speedup_vs_compile, suspicious}; None values on CPU."""
-    out = dict(ms_candidate=None, ms_eager=None, ms_compile=None, speedup=None, speedup_vs_compile=None,
-               suspicious=False)
+    out = {"ms_candidate": None, "ms_eager": None, "ms_compile": None, "speedup": None, "speedup_vs_compile": None,
+           "suspicious": False}
     if not torch.cuda.is_available():
         return out
     with torch.no_grad():

@@ -158,9 +158,8 @@ def static_check(source: str, ref_path: Path | None = None) -> tuple[list[str], 
             mod = node.module or ""
             if mod == "torch.nn" and any(a.name == "functional" for a in node.names):
                 fn_names |= {a.asname or a.name for a in node.names if a.name == "functional"}
-            if mod.startswith("torch") and mod not in ("torch", "torch.nn"):
-                if mod.startswith("torch.nn.functional") or mod.startswith("torch._"):
-                    problems.append(f"imports from {mod} (torch compute outside the kernels)")
+            if mod.startswith(("torch.nn.functional", "torch._")):
+                problems.append(f"imports from {mod} (torch compute outside the kernels)")
             if mod == "torch":
                 bad = [a.name for a in node.names if a.name not in ALLOWED_TORCH]
                 if bad:
@@ -197,9 +196,9 @@ def static_check(source: str, ref_path: Path | None = None) -> tuple[list[str], 
                     problems.append(f"line {node.lineno}: calls {name} (torch compute outside the kernels)")
             elif head in fn_names and rest:
                 problems.append(f"line {node.lineno}: calls {name} (torch compute outside the kernels)")
-            elif isinstance(node.func, ast.Attribute) and node.func.attr in COMPUTE_METHODS:
-                if not (isinstance(node.func.value, ast.Name) and node.func.value.id in ("tl", "triton", "math")):
-                    problems.append(f"line {node.lineno}: calls .{node.func.attr}() (torch compute outside the kernels)")
+            elif (isinstance(node.func, ast.Attribute) and node.func.attr in COMPUTE_METHODS
+                  and not (isinstance(node.func.value, ast.Name) and node.func.value.id in ("tl", "triton", "math"))):
+                problems.append(f"line {node.lineno}: calls .{node.func.attr}() (torch compute outside the kernels)")
     return sorted(set(problems)), kernels
 
 
