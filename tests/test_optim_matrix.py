@@ -44,3 +44,13 @@ def test_too_few_entries_is_not_recovered_and_bad_inputs_are_named():
         complete(truth, mask[:10], 3, 1e-3)
     with pytest.raises(ValueError, match="rank"):
         complete(truth, mask, 0, 1e-3)
+
+
+def test_large_perturbation_first_rescues_als_from_random_and_bad_starts():
+    truth, mask = low_rank_problem(60, 60, 3, 0.25, seed=2)
+    direct_random = complete(truth, mask, 3, 1e-3, init="random", anneal_from=None)
+    direct_spectral = complete(truth, mask, 3, 1e-3, anneal_from=None)
+    laddered = complete(truth, mask, 3, 1e-3, init="random")
+    assert relative_error(direct_random, truth) > 0.5
+    assert relative_error(direct_spectral, truth) > 0.5       # this mask traps plain ALS at small eps
+    assert relative_error(laddered, truth) < 2e-3
