@@ -238,6 +238,7 @@ def test_prompt_carries_reference_taxonomy_examples_and_feedback():
     assert "blackwell" in msgs[0]["content"]
     assert extract_code("text\n```python\nclass ModelNew: pass\n```\nmore") == "class ModelNew: pass\n"
     assert extract_code("no code here") is None
+    assert extract_code("```python\nimport torch\nclass ModelNew:") == "import torch\nclass ModelNew:\n"  # max_tokens
 
 
 @pytest.mark.slow

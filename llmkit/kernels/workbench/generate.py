@@ -58,14 +58,17 @@ class Candidate:
 
 
 def extract_code(reply: str) -> str | None:
-    """The Python file in a reply: the last fenced block holding ModelNew (else the last block, else the
-    reply itself when it defines ModelNew)."""
+    """The Python file in a reply: the last fenced block holding ModelNew (else the last block, else a block
+    cut off by the token limit, else the reply itself when it defines ModelNew)."""
     blocks = re.findall(r"```(?:python|py)?\s*\n(.*?)```", reply or "", re.DOTALL)
     for b in reversed(blocks):
         if "ModelNew" in b:
             return b.strip() + "\n"
     if blocks:
         return blocks[-1].strip() + "\n"
+    opened = re.search(r"```(?:python|py)?\s*\n(.*)$", reply or "", re.DOTALL)  # cut off before its closing fence
+    if opened:
+        return opened.group(1).strip() + "\n"
     if reply and "class ModelNew" in reply:
         return reply.strip() + "\n"
     return None
