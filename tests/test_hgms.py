@@ -323,3 +323,20 @@ def test_llmkit_optimizer_by_name(repo_root, tmp_path, mixture):
         "--target_data", str(clean), "--optim", "llmkit_lion", "--output_dir", str(tmp_path / "o")])
     trainer, *_ = make_trainer(args, train, model_cfg, out=tmp_path / "o")
     assert "Lion" in type(trainer.create_optimizer()).__name__
+
+
+def test_trainer_dataloader_follows_weight_changes_within_a_batch_or_two(repo_root, tmp_path, mixture):
+    from llmkit.commands.train import parse_method_args
+    from llmkit.train.hgms.recipe import make_trainer
+
+    clean, noisy = mixture
+    _, (args, train, model_cfg) = parse_method_args("hgms", [
+        "--config", str(repo_root / "recipes/configs/hgms/tiny_cpu.yaml"), "--sources", f"a={clean}", f"b={noisy}",
+        "--target_data", str(clean), "--max_steps", "40", "--output_dir", str(tmp_path / "o")])
+    trainer, *_ = make_trainer(args, train, model_cfg, out=tmp_path / "o")
+    it = iter(trainer.get_train_dataloader())
+    first = [next(it)["source_id"].tolist() for _ in range(10)]
+    assert {0, 1} <= {s for b in first for s in b}
+    trainer.hgms.w = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    later = [next(it)["source_id"].tolist() for _ in range(12)]
+    assert all(s == 1 for b in later[2:] for s in b), later  # at most the prefetched batches lag
