@@ -91,8 +91,8 @@ def main() -> int:
 
         torch.set_num_threads(args.threads)
     q = args.quick
-    n, grpo_steps, warm_steps = (2, 2, 12) if q else (5, 6, 40)
-    max_new = 160 if q else 256
+    n, grpo_steps, warm_steps = (1, 2, 8) if q else (5, 6, 40)
+    max_new = 128 if q else 256
     work = Path(args.work) / ("quick" if q else "full")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -157,7 +157,7 @@ def main() -> int:
                           max_steps=grpo_steps, per_device_train_batch_size=4, num_generations=4,
                           max_completion_length=max_new, temperature=0.8, learning_rate=5e-6, beta=0.0,
                           logging_steps=1, save_strategy="no", num_prompts=8 * grpo_steps, build_ratio=0.5,
-                          build_examples=3, build_checks=4, eval_n=n, eval_max_new_tokens=max_new,
+                          build_examples=3, build_checks=4, eval_n=n, eval_max_new_tokens=max_new, eval_no_tools=not q,
                           dataloader_num_workers=0, seed=0)
         t0 = time.time()
         smith_main(cfg, ModelConfig(model_name_or_path=str(work / "warm" / "model")))
@@ -166,10 +166,13 @@ def main() -> int:
         per_fam[name] = ev["after"]["with_tools"]["per_family"]
         runs[name] = {"seconds": round(time.time() - t0, 1), "pool_size": ev["pool_size"],
                       "pool_growth": ev["pool_growth"], "heldout_builds": ev["after"]["built"],
-                      "policy_no_tools_macro": ev["after"]["no_tools"]["macro"], "curves": curves(out / "metrics.jsonl")}
+                      "policy_no_tools_macro": (ev["after"]["no_tools"] or {}).get("macro"),
+                      "curves": curves(out / "metrics.jsonl")}
         last = {k: v[1][-1] for k, v in runs[name]["curves"].items() if v[1]}
-        print(f"held-out macro acc {name}: {cond[name]:.3f} (policy without tools "
-              f"{runs[name]['policy_no_tools_macro']:.3f}); training pool {ev['pool_size']} tools; last-step axes "
+        nt = runs[name]["policy_no_tools_macro"]
+        print(f"held-out macro acc {name}: {cond[name]:.3f}"
+              + (f" (policy without tools {nt:.3f})" if nt is not None else "")
+              + f"; training pool {ev['pool_size']} tools; last-step axes "
               + ", ".join(f"{k} {v:.2f}" for k, v in last.items()))
     # ---- frozen student: the base model uses the trained policy's held-out tools
     r = evaluate(gen, fams, pool=ToolPool(work / "smith" / "eval_pool_after"), n=n)

@@ -51,6 +51,7 @@ class SmithConfig(GRPOConfig):
     eval_families: str = field(default="heldout", metadata={"help": "families for the evaluation"})
     eval_n: int = field(default=10, metadata={"help": "questions per evaluated family (0 = no evaluation)"})
     eval_max_new_tokens: int = field(default=256, metadata={"help": "generation budget at evaluation"})
+    eval_no_tools: bool = field(default=True, metadata={"help": "also evaluate the policy answering without tools"})
     eval_before: bool = field(default=False, metadata={"help": "also evaluate the starting model"})
     tiny_model_seed: int = field(default=0, metadata={"help": "seed of the tiny-llama test model"})
 

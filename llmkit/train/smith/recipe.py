@@ -126,9 +126,10 @@ def evaluate_policy(model, tok, cfg: SmithConfig, out: Path, tag: str) -> dict:
                         min_score=cfg.pass_threshold, source=f"policy-{tag}", limits=limits,
                         unsafe=cfg.unsafe_no_sandbox)
     with_tools = evaluate(gen, fams, pool=pool, n=cfg.eval_n, limits=limits, unsafe=cfg.unsafe_no_sandbox)
-    no_tools = evaluate(gen, fams, mode="none", n=cfg.eval_n)
-    print(f"eval {tag}: held-out macro with own tools {with_tools['macro']:.3f}, without tools "
-          f"{no_tools['macro']:.3f}, tools built {sum(b['added'] for b in built.values())}/{len(fams)}")
+    no_tools = evaluate(gen, fams, mode="none", n=cfg.eval_n) if cfg.eval_no_tools else None
+    print(f"eval {tag}: held-out macro with own tools {with_tools['macro']:.3f}"
+          + (f", without tools {no_tools['macro']:.3f}" if no_tools else "")
+          + f", tools built {sum(b['added'] for b in built.values())}/{len(fams)}")
     return {"with_tools": with_tools, "no_tools": no_tools,
             "built": {k: {a: v[a] for a in ("schema", "code", "outcome", "added")} for k, v in built.items()}}
 
