@@ -26,9 +26,9 @@ def _matrix_toy(make, lr0, seed, steps=1000, shape=(8, 8), df=1.5):
 
 
 def test_muon_converges_on_a_matrix_problem_with_infinite_variance_noise_where_sgd_wanders():
-    seeds = (0, 1)
-    muon = sum(_matrix_toy(lambda p, lr: Muon(p, lr=lr), 0.1, s, steps=400) for s in seeds) / 2
-    sgd = sum(_matrix_toy(lambda p, lr: torch.optim.SGD(p, lr=lr), 0.1, s, steps=400) for s in seeds) / 2
+    seeds = (0, 1, 2, 3)  # SGD's error is dominated by the rare huge noise draws: average over a few runs
+    muon = sum(_matrix_toy(lambda p, lr: Muon(p, lr=lr), 0.1, s, steps=400) for s in seeds) / len(seeds)
+    sgd = sum(_matrix_toy(lambda p, lr: torch.optim.SGD(p, lr=lr), 0.1, s, steps=400) for s in seeds) / len(seeds)
     assert muon < 0.4, muon
     assert muon < 0.6 * sgd, (muon, sgd)
 
