@@ -13,7 +13,7 @@ Three figures, each measured against its anchor in the same run:
 3. VSPO's GRPO path (mode grpo: the aggregation does not depend on steering) on the bundled model with the
    summed rewards (anchor) and ``reward_aggregation: upgrad``: per-reward curves and the step-time ratio.
 
-    .venv/bin/python bench/optim.py --quick    # 3 HALO steps, 2 VSPO steps, small eval (the committed results)
+    .venv/bin/python bench/optim.py --quick    # 2 HALO steps (batch 1), 2 VSPO steps, small eval
     .venv/bin/python bench/optim.py            # 10 HALO steps, 4 VSPO steps
 
 Absolute times on the shared CPU box are noise; ratios are what is reported. Outputs:
@@ -59,13 +59,13 @@ def run_toys() -> dict:
     return {"passed": counter.passed, "total": counter.passed + counter.failed, "not_passed": counter.names}
 
 
-def halo_run(optim: str, steps: int, out: Path, extra: list[str]) -> dict:
+def halo_run(optim: str, steps: int, out: Path, extra: list[str], batch: int = 2, max_length: int = 256) -> dict:
     from llmkit.cli import main
 
     argv = ["train", "halo", "--config", str(REPO / "recipes/configs/halo/smollm2_gsm8k_sft.yaml"),
             "--output_dir", str(out), "--max_steps", str(steps), "--max_train_samples", str(2 * steps * 2),
-            "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1", "--max_length", "256",
-            "--max_eval_samples", "8", "--per_device_eval_batch_size", "4", "--forget_data", "",
+            "--per_device_train_batch_size", str(batch), "--gradient_accumulation_steps", "1",
+            "--max_length", str(max_length), "--max_eval_samples", "8", "--per_device_eval_batch_size", "4", "--forget_data", "",
             "--save_strategy", "no", "--eval_strategy", "no", "--logging_steps", "1", "--warmup_steps", "0",
             "--optim", optim, *extra]
     assert main(argv) == 0, f"halo run with {optim} failed"
@@ -74,13 +74,13 @@ def halo_run(optim: str, steps: int, out: Path, extra: list[str]) -> dict:
             "step_s": res["train_wall_s"] / max(res["global_step"], 1), "steps": res["global_step"]}
 
 
-def vspo_run(aggregation: str, steps: int, out: Path) -> dict:
+def vspo_run(aggregation: str, steps: int, out: Path, completion: int = 48) -> dict:
     from llmkit.cli import main
 
     argv = ["train", "vspo", "--config", str(REPO / "recipes/configs/vspo/smollm2_verbosity_gsm8k.yaml"),
             "--output_dir", str(out), "--mode", "grpo", "--max_steps", str(steps), "--dataset_limit", "16",
             "--eval_path", "", "--per_device_train_batch_size", "4", "--num_generations", "4",
-            "--max_completion_length", "48", "--save_strategy", "no", "--reward_aggregation", aggregation,
+            "--max_completion_length", str(completion), "--save_strategy", "no", "--reward_aggregation", aggregation,
             "--verbosity_min_words", "5", "--verbosity_max_words", "25"]
     assert main(argv) == 0, f"vspo run with {aggregation} failed"
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -127,19 +127,22 @@ def plot(results: dict, png: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="3 HALO steps and 2 VSPO steps (the committed results)")
+    ap.add_argument("--quick", action="store_true", help="2 HALO steps (batch 1) and 2 VSPO steps")
     ap.add_argument("--skip-toys", action="store_true", help="do not rerun the toy tests")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    halo_steps, vspo_steps = (3, 2) if args.quick else (10, 4)
+    # quick: sized for the shared 2-core box under load (a batch-2 x 256-token step took ~170 s there)
+    halo_steps, vspo_steps, batch, max_length, completion = (2, 2, 1, 192, 32) if args.quick else (10, 4, 2, 256, 48)
     results: dict = {"quick": args.quick}
 
-    if not args.skip_toys:
-        t0 = time.time()
-        toys = run_toys()
-        results["toys"] = toys
-        print(f"toy tests passed: {toys['passed']}/{toys['total']} ({time.time() - t0:.0f}s)", flush=True)
+    out_dir = REPO / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = "optim_quick" if args.quick else "optim"
+    partial = out_dir / f"{stem}.partial.json"
+
+    def save_partial():  # a long run on a busy machine keeps what it finished
+        partial.write_text(json.dumps(results, indent=2) + "\n")
 
     os.chdir(REPO)  # the recipes' config paths (../shared/data) are relative to the repository root
     lr = 1e-4
@@ -149,9 +152,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_optim_") as tmp:
         halo = []
         for label, optim, extra in runs:
-            r = halo_run(optim, halo_steps, Path(tmp) / f"halo_{optim}", extra + ["--learning_rate", str(lr)])
+            r = halo_run(optim, halo_steps, Path(tmp) / f"halo_{optim}", extra + ["--learning_rate", str(lr)],
+                         batch=batch, max_length=max_length)
             r["label"] = label
             halo.append(r)
+            results["halo"] = halo
+            save_partial()
             print(f"halo {label}: eval_loss {r['eval_loss']:.4f}, step {r['step_s']:.1f}s", flush=True)
         results["halo"] = halo
         base = halo[0]
@@ -162,18 +168,25 @@ def main(argv=None) -> int:
             print(f"{key}_vs_adamw_eval_loss_ratio: {results[f'{key}_vs_adamw_eval_loss_ratio']:.4f}")
             print(f"{key}_vs_adamw_step_time_ratio: {results[f'{key}_vs_adamw_step_time_ratio']:.3f}")
 
-        vspo = [vspo_run(agg, vspo_steps, Path(tmp) / f"vspo_{agg}") for agg in ("sum", "upgrad")]
-        results["vspo"] = vspo
+        vspo = []
+        for agg in ("sum", "upgrad"):
+            vspo.append(vspo_run(agg, vspo_steps, Path(tmp) / f"vspo_{agg}", completion=completion))
+            results["vspo"] = vspo
+            save_partial()
         results["upgrad_step_time_ratio"] = vspo[1]["step_s"] / vspo[0]["step_s"]
         for run in vspo:
             per = {k.split("/")[1]: [round(x, 3) for x in v] for k, v in run["curves"].items()
                    if k.startswith("rewards/") and k.endswith("/mean")}
             print(f"vspo {run['aggregation']}: step {run['step_s']:.1f}s, per-reward means by step {per}")
         print(f"upgrad_step_time_ratio: {results['upgrad_step_time_ratio']:.3f}")
+        save_partial()
 
-    out_dir = REPO / "bench" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = "optim_quick" if args.quick else "optim"
+    if not args.skip_toys:
+        t0 = time.time()
+        toys = run_toys()
+        results["toys"] = toys
+        print(f"toy tests passed: {toys['passed']}/{toys['total']} ({time.time() - t0:.0f}s)", flush=True)
+    partial.unlink(missing_ok=True)
     (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
     plot(results, out_dir / f"{stem}.png")
     print(f"results: {out_dir / (stem + '.json')}, plot: {out_dir / (stem + '.png')}")
