@@ -46,7 +46,8 @@ def plot(res: dict, png: Path, runs: dict):
     axes[0].set_ylabel("held-out macro accuracy")
     axes[0].set_title(f"held-out families (n={res['n_per_family']} each)")
     for name, run in runs.items():
-        for axis, style in (("schema_reward", "-"), ("code_reward", "--"), ("outcome_reward", ":")):
+        for axis, style in (("schema_reward", "-"), ("code_reward", "--"), ("outcome_reward", ":"),
+                            ("combined_reward", "-.")):
             xs, ys = run["curves"].get(axis, ([], []))
             if xs:
                 axes[1].plot(xs, ys, style, marker=".", label=f"{name} {axis.split('_')[0]}")
@@ -71,7 +72,8 @@ def curves(metrics: Path) -> dict:
     for line in metrics.read_text().splitlines():
         rec = json.loads(line)
         for key, name in (("rewards/schema_reward/mean", "schema_reward"), ("rewards/code_reward/mean", "code_reward"),
-                          ("rewards/outcome_reward/mean", "outcome_reward"), ("smith/pool_size", "pool_size")):
+                          ("rewards/outcome_reward/mean", "outcome_reward"), ("smith/pool_size", "pool_size"),
+                          ("rewards/combined_reward/mean", "combined_reward")):
             if isinstance(rec.get(key), (int, float)):
                 out.setdefault(name, ([], []))
                 out[name][0].append(rec["step"])
