@@ -35,7 +35,7 @@ def test_stiefel_brockett_stays_orthonormal_and_reaches_the_minimum(norm):
     a = _sym(n, 0)
     nmat = torch.diag(torch.tensor([3.0, 2.0, 1.0], dtype=D))
     x = torch.nn.Parameter(torch.linalg.qr(torch.randn(n, p, dtype=D, generator=torch.Generator().manual_seed(1)))[0])
-    cost = lambda: torch.trace(x.T @ a @ x @ nmat)  # noqa: E731
+    cost = lambda: torch.trace(x.T @ a @ x @ nmat)
     start = float(cost())
     opt = IMuon([x], lr=0.05, manifold="stiefel", norm=norm)
     worst = 0.0
@@ -53,7 +53,7 @@ def test_grassmann_rayleigh_quotient_finds_the_bottom_eigenspace():
     n, p = 10, 2
     a = _sym(n, 2)
     x = torch.nn.Parameter(torch.linalg.qr(torch.randn(n, p, dtype=D, generator=torch.Generator().manual_seed(3)))[0])
-    cost = lambda: torch.trace(x.T @ a @ x)  # noqa: E731
+    cost = lambda: torch.trace(x.T @ a @ x)
     start = float(cost())
     opt = IMuon([x], lr=0.1, manifold="grassmann")
     final = _run([x], cost, opt, 300)
@@ -67,7 +67,7 @@ def test_spd_log_det_objective_converges_to_the_inverse_and_stays_positive_defin
     m = torch.randn(4, 4, generator=g, dtype=D)
     s = m @ m.T + torch.eye(4, dtype=D)
     x = torch.nn.Parameter(torch.eye(4, dtype=D))
-    cost = lambda: torch.trace(s @ x) - torch.logdet(x)  # noqa: E731
+    cost = lambda: torch.trace(s @ x) - torch.logdet(x)
     opt = IMuon([x], lr=0.1, manifold="spd")
     mins = []
     for _ in range(6):

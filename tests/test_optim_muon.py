@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from llmkit.optim import Muon, MuonLight
-from llmkit.optim.hf import LLMKIT_OPTIMIZERS, HybridOptimizer, build_optimizer, parse_optim_args, split_matrix_params
+from llmkit.optim.hf import (
+    LLMKIT_OPTIMIZERS,
+    HybridOptimizer,
+    build_optimizer,
+    parse_optim_args,
+    split_matrix_params,
+)
 from llmkit.optim.muon import newton_schulz
 
 
@@ -135,6 +141,6 @@ def test_cli_parser_accepts_llmkit_names():
 
     from llmkit.train.halo.config import HaloArguments, HaloConfig
 
-    halo_args, cfg = TrlParser((HaloArguments, HaloConfig)).parse_args_and_config(
+    _halo_args, cfg = TrlParser((HaloArguments, HaloConfig)).parse_args_and_config(
         ["--output_dir", "/tmp/x", "--optim", "llmkit_lion", "--use_cpu", "true", "--report_to", "none"])
     assert cfg.llmkit_optim == "llmkit_lion"

@@ -3,6 +3,8 @@ semismooth (|w|^3 and squared-hinge terms), with the generalized Hessian evaluat
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -41,7 +43,7 @@ def test_superlinear_local_convergence_with_lazy_hessians(k):
     norms, opt, _ = _solve(k)
     assert norms[-1] < 1e-11, norms
     # superlinear: the contraction factor of the gradient norm goes to 0 over the last steps
-    tail = [b / a for a, b in zip(norms, norms[1:]) if a < 1e-2]
+    tail = [b / a for a, b in itertools.pairwise(norms) if a < 1e-2]
     assert len(tail) >= 2 and min(tail[-2:]) < 1e-2, tail
     assert opt.hessian_evals == -(-opt.iterations // k)  # ceil: one evaluation every k steps
 
@@ -62,8 +64,8 @@ def test_hessian_oracle_gives_the_same_iterates_as_autograd():
     def oracle(x):
         return torch.autograd.functional.hessian(f, x)
 
-    a, _, wa = _solve(3, steps=8)
-    b, opt, wb = _solve(3, steps=8, hessian_fn=oracle)
+    _a, _, wa = _solve(3, steps=8)
+    _b, opt, wb = _solve(3, steps=8, hessian_fn=oracle)
     assert torch.allclose(wa.detach(), wb.detach(), atol=1e-10)
     assert opt.hessian_evals == 3
 

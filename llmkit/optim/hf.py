@@ -42,8 +42,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-__all__ = ["LLMKIT_OPTIMIZERS", "LlmkitOptimMixin", "LlmkitOptimTrainerMixin", "HybridOptimizer",
-           "build_optimizer", "split_matrix_params", "parse_optim_args"]
+__all__ = [
+    "LLMKIT_OPTIMIZERS",
+    "HybridOptimizer",
+    "LlmkitOptimMixin",
+    "LlmkitOptimTrainerMixin",
+    "build_optimizer",
+    "parse_optim_args",
+    "split_matrix_params",
+]
 
 LLMKIT_OPTIMIZERS = ("llmkit_signsgd", "llmkit_lion", "llmkit_muon", "llmkit_muonlight", "llmkit_imuon")
 PLACEHOLDER = "adamw_torch"
@@ -55,7 +62,7 @@ def _hf_optim_default() -> str:
 
         default = TrainingArguments.__dataclass_fields__["optim"].default
         return getattr(default, "value", default)
-    except Exception:  # pragma: no cover - transformers always present in this project
+    except (ImportError, KeyError, AttributeError):  # pragma: no cover - transformers is always present
         return PLACEHOLDER
 
 

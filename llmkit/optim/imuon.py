@@ -47,7 +47,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-__all__ = ["IMuon", "imuon_lora_param_groups", "lmo", "MANIFOLDS", "NORMS"]
+__all__ = ["MANIFOLDS", "NORMS", "IMuon", "imuon_lora_param_groups", "lmo"]
 
 MANIFOLDS = ("stiefel", "grassmann", "spd", "fixed_rank", "euclidean")
 NORMS = ("spectral", "frobenius", "nuclear")
@@ -280,7 +280,7 @@ def imuon_lora_param_groups(model: nn.Module, **options) -> list[dict]:
         la, lb = getattr(module, "lora_A", None), getattr(module, "lora_B", None)
         if not isinstance(la, nn.ModuleDict) or not isinstance(lb, nn.ModuleDict):
             continue
-        for key in la.keys():
+        for key in la:
             if key not in lb:
                 continue
             a, b = getattr(la[key], "weight", None), getattr(lb[key], "weight", None)

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-__all__ = ["backward", "backward_with_weights", "iwrm_backward", "aggregator_for", "AGGREGATORS", "BVLSProjector"]
+__all__ = ["AGGREGATORS", "BVLSProjector", "aggregator_for", "backward", "backward_with_weights", "iwrm_backward"]
 
 AGGREGATORS = ("upgrad", "mean", "sum", "mgda", "pcgrad", "dualproj", "cagrad", "imtlg", "nashmtl", "aligned_mtl")
 
@@ -89,7 +89,7 @@ def _bvls_projector_class():
     return _BVLSProjector
 
 
-def BVLSProjector(norm_eps: float = 1e-4, reg_eps: float = 1e-4):  # noqa: N802 - a class factory (lazy imports)
+def BVLSProjector(norm_eps: float = 1e-4, reg_eps: float = 1e-4):
     """A torchjd ``DualConeProjector`` that needs only scipy (torchjd's default needs quadprog + qpsolvers)."""
     return _bvls_projector_class()(norm_eps=norm_eps, reg_eps=reg_eps)
 

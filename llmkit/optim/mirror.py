@@ -32,7 +32,7 @@ import math
 import torch
 from torch.optim import Optimizer
 
-__all__ = ["MirrorDescent", "MIRRORS"]
+__all__ = ["MIRRORS", "MirrorDescent"]
 
 MIRRORS = ("euclidean", "entropy", "p_norm")
 

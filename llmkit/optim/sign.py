@@ -29,7 +29,7 @@ import torch
 from lion_pytorch import Lion as _LionPytorch
 from torch.optim import Optimizer
 
-__all__ = ["SignSGD", "Lion", "tail_index"]
+__all__ = ["Lion", "SignSGD", "tail_index"]
 
 
 class SignSGD(Optimizer):
