@@ -27,6 +27,8 @@ COMMANDS = [
     "merge",
     "tools",
     "kernels",
+    "select",
+    "tune",
 ]
 
 
