@@ -22,12 +22,17 @@ Figures (ratios / rates measured in the same run):
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
 import sys
-import time
 from pathlib import Path
+
+# this file is named like the stdlib's `select` module: keep its folder off the import path
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
 
 import numpy as np
 
@@ -117,8 +122,10 @@ SETTINGS = [  # three generation settings of the bundled model that should diffe
 
 
 def select_figures(n_problems: int, seeds: int) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from ldp_cache import load_arith_problems
+    spec = importlib.util.spec_from_file_location("_ldp_cache_bench", Path(__file__).resolve().parent / "ldp_cache.py")
+    ldp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ldp)
+    load_arith_problems = ldp.load_arith_problems
 
     from llmkit.engines import get_engine
     from llmkit.evals import get_task
