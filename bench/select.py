@@ -114,7 +114,7 @@ def bo_figures(seeds: int) -> dict:
 
 
 SETTINGS = [  # three generation settings of the bundled model that should differ in accuracy
-    {"name": "number-only greedy", "system_prompt": "Reply with only the final number.", "max_new_tokens": 12},
+    {"name": "step-by-step greedy, 64 tokens", "max_new_tokens": 64},
     {"name": "number-only sampled T=1.5", "system_prompt": "Reply with only the final number.",
      "max_new_tokens": 12, "temperature": 1.5, "seed": 1},
     {"name": "2-token budget", "max_new_tokens": 2},
