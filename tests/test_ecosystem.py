@@ -13,6 +13,7 @@ RECIPES = {
     "halo": ("recipes/configs/halo/tiny_cpu.yaml", ["--dataset_name", "{slice}", "--forget_data", ""]),
     "vspo": ("recipes/configs/vspo/tiny_cpu.yaml", ["--dataset_name", "{slice}", "--eval_path", "",
                                                     "--verbosity_min_words", "2", "--verbosity_max_words", "4"]),
+    "smith": ("recipes/configs/smith/tiny_cpu.yaml", []),
 }
 
 
@@ -20,6 +21,11 @@ def _train(repo_root, method, out, gsm8k_slice, *extra):
     from llmkit.cli import main
 
     config, args = RECIPES[method]
+    if method == "smith":
+        from llmkit.tools import sandbox
+
+        if not sandbox.check_available()[0]:
+            pytest.skip("SMITH runs model code only inside the sandbox, unavailable here")
     argv = ["train", method, "--config", str(repo_root / config), "--output_dir", str(out),
             *[a.replace("{slice}", str(gsm8k_slice)) for a in args], *extra]
     assert main(argv) == 0

@@ -7,11 +7,13 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from llmkit.optim.hf import LlmkitOptimMixin
+
 AGGREGATIONS = ("normalize_then_sum", "sum_then_normalize", "combined")
 
 
 @dataclass
-class SmithConfig(GRPOConfig):
+class SmithConfig(LlmkitOptimMixin, GRPOConfig):
     """SMITH: one policy trained on build rollouts (write a tool from K examples) and use rollouts (call a pooled
     tool), rewarded on three separate axes (schema, code, outcome)."""
 

@@ -15,6 +15,7 @@ import json
 
 from trl import GRPOTrainer
 
+from llmkit.optim.hf import LlmkitOptimTrainerMixin
 from llmkit.tools import tasks
 from llmkit.tools.pool import ToolPool
 from llmkit.tools.rollouts import build_prompt, use_prompt
@@ -45,7 +46,7 @@ def make_rows(families, n: int, build_ratio: float, examples: int, seed: int = 0
     return rows
 
 
-class SmithTrainer(GRPOTrainer):
+class SmithTrainer(LlmkitOptimTrainerMixin, GRPOTrainer):
     def __init__(self, *args, pool: ToolPool, build_examples: int = 3, **kwargs):
         super().__init__(*args, **kwargs)
         self.pool = pool
