@@ -53,7 +53,7 @@ def main() -> int:
     from llmkit.train.lqzo.recipe import load_data
 
     data = ROOT.parent / "shared" / "data" / "gsm8k"
-    zargs = LQZOArguments(train_data=str(data / "train.jsonl"), max_train_samples=n_train // 2,
+    zargs = LQZOArguments(dataset_name=str(data / "train.jsonl"), max_train_samples=n_train // 2,
                           task_train_samples=n_train // 2, eval_data=str(data / "test.jsonl"),
                           max_eval_samples=n_eval, accuracy_samples=n_acc)
     train_ds, _, eval_rows, acc_rows = load_data(zargs, seed=0)

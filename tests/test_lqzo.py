@@ -106,7 +106,7 @@ def test_cli_parses_every_switch(repo_root):
 def _run(tmp_path, data, extra: dict):
     from llmkit.train.lqzo import recipe
 
-    zo = LQZOArguments(train_data=str(data), eval_data=str(data), max_eval_samples=2, accuracy_samples=4,
+    zo = LQZOArguments(dataset_name=str(data), eval_data=str(data), max_eval_samples=2, accuracy_samples=4,
                        quant_group_size=32, **extra.pop("zo", {}))
     from trl import ModelConfig
 

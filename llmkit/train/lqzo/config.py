@@ -50,11 +50,14 @@ class LQZOArguments:
         "choices": [0, 2, 3, 4, 8]})
     quant_group_size: int = field(default=64, metadata={"help": "weights per quantization group (input dim)"})
 
-    train_data: str = field(default="../shared/data/gsm8k/train.jsonl", metadata={
-        "help": "training data: a local JSONL/JSON file or a Hugging Face dataset id (question/answer, "
-                "problem/solution, prompt/completion or messages rows)"})
-    train_data_config: str | None = field(default=None, metadata={"help": "dataset config name for hub ids"})
-    train_split: str = field(default="train", metadata={"help": "split for hub datasets"})
+    dataset_name: str = field(default="../shared/data/gsm8k/train.jsonl", metadata={
+        "help": "training data (TRL's ScriptArguments name): a local JSONL/JSON file or a Hugging Face dataset "
+                "id (question/answer, problem/solution, prompt/completion or messages rows)"})
+    dataset_config: str | None = field(default=None, metadata={"help": "dataset config name for hub ids"})
+    dataset_train_split: str = field(default="train", metadata={"help": "split for hub datasets"})
+    train_data: str | None = field(default=None, metadata={"help": "deprecated: use dataset_name"})
+    train_data_config: str | None = field(default=None, metadata={"help": "deprecated: use dataset_config"})
+    train_split: str | None = field(default=None, metadata={"help": "deprecated: use dataset_train_split"})
     max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training rows"})
     task_train_samples: int = field(default=0, metadata={
         "help": "mix N rows of the procedural accuracy task (accuracy_task) into the training data"})
@@ -70,6 +73,10 @@ class LQZOArguments:
     accuracy_samples: int = field(default=200, metadata={"help": "held-out problems of the accuracy task"})
 
     def __post_init__(self):
+        from llmkit.train.common import apply_deprecated_fields
+
+        apply_deprecated_fields(self, {"train_data": "dataset_name", "train_data_config": "dataset_config",
+                                       "train_split": "dataset_train_split"})
         if self.zo_method not in ZO_METHODS:
             raise ValueError(f"zo_method must be one of {', '.join(ZO_METHODS)}, got {self.zo_method!r}")
         if self.zo_distribution is not None and self.zo_distribution not in ("rademacher", "gaussian"):

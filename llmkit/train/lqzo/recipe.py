@@ -53,7 +53,8 @@ def load_data(a: LQZOArguments, seed: int):
     from llmkit.train.common import chat_dataset, load_records
     from llmkit.train.lqzo.task import TASK_ROWS
 
-    train = load_records(a.train_data, a.train_split, a.train_data_config, a.max_train_samples) if a.train_data else []
+    train = (load_records(a.dataset_name, a.dataset_train_split, a.dataset_config, a.max_train_samples)
+             if a.dataset_name else [])
     if a.task_train_samples and a.accuracy_task in TASK_ROWS:
         task = [{"question": r["question"], "answer": r["answer"]}
                 for r in TASK_ROWS[a.accuracy_task](a.task_train_samples, seed=10_000 + seed)]
@@ -68,7 +69,7 @@ def load_data(a: LQZOArguments, seed: int):
                 mixed.append(task[j])
                 j += 1
         train = mixed
-    train_ds = chat_dataset(train, "prompt_completion", where=a.train_data)
+    train_ds = chat_dataset(train, "prompt_completion", where=a.dataset_name)
     eval_rows = load_records(a.eval_data, a.eval_split, a.eval_data_config, a.max_eval_samples) if a.eval_data else []
     eval_ds = chat_dataset(eval_rows, "prompt_completion", where=a.eval_data) if eval_rows else None
     acc_rows = TASK_ROWS[a.accuracy_task](a.accuracy_samples, seed=20_000 + seed) if a.accuracy_task in TASK_ROWS \
