@@ -1,20 +1,41 @@
 """InQuant Triton kernels vs their PyTorch references, run by Triton's interpreter on CPU.
 
-TRITON_INTERPRET must be set before ``llmkit.kernels.kv_quant_triton`` (which imports triton) is
-first imported; ``kv_quant`` imports it lazily, so setting it here at module top is enough.
-Shapes stay tiny: the interpreter runs kernels in numpy, slowly.
+The kernels run through the workbench's ``run_interpreted`` (below), so this file sets no
+TRITON_INTERPRET: that variable is read when kernels are decorated and would leak into every test
+collected after this one. Shapes stay tiny: the interpreter runs kernels in numpy, slowly.
 """
 
 from __future__ import annotations
-
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
 import torch
 
 from llmkit.kernels import kv_quant as kq
+
+
+class _Interpreted:
+    """``kernel[grid](...)`` run by Triton's interpreter through the kernel workbench, whichever mode the
+    kernel module was imported in (Triton fixes that at decoration time; the workbench compiles the same
+    kernels for GPU targets in this process, so no TRITON_INTERPRET is set here)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        from llmkit.kernels.workbench.compiled import run_interpreted
+
+        return lambda *args, **kwargs: run_interpreted(self.kernel, grid, *args, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _interpreted_kernels(monkeypatch):
+    import triton
+
+    from llmkit.kernels import kv_quant_triton as k
+
+    monkeypatch.setattr(kq, "_kernels", lambda: (triton, _Interpreted(k.quant_kernel),
+                                                 _Interpreted(k.dequant_kernel)))
+
 
 D = 16
 

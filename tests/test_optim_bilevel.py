@@ -9,7 +9,15 @@ import torch
 
 from llmkit.optim.bilevel import HVP, hgms_step, hypergradient, lanczos, optimistic_select, pinv_solve
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def _float64():
+    """The finite-difference checks need double precision; restored so other tests keep float32."""
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(prev)
 
 
 def _problem(seed=0, n=7, r=3, k=3):
