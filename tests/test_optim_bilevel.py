@@ -10,7 +10,6 @@ import torch
 from llmkit.optim.bilevel import HVP, hgms_step, hypergradient, lanczos, optimistic_select, pinv_solve
 
 
-
 @pytest.fixture(autouse=True)
 def _float64():
     """The finite-difference checks need double precision; restored so other tests keep float32."""
