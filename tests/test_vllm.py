@@ -18,14 +18,26 @@ def test_import_vllm():
 @pytest.mark.vllm
 @pytest.mark.bundled
 def test_one_prompt_vllm_generation():
+    """Greedy vLLM in float32 gives the hf engine's greedy text. bf16 (the engine's default) is left out on
+    purpose: its rounding flips the bundled 135M model's first token on some CPUs, so a text check there
+    would test the arithmetic, not the engine."""
     from llmkit.engines import get_engine
     from llmkit.generation import GenerationParams
 
-    eng = get_engine("vllm", enforce_eager=True)
+    messages = [{"role": "user", "content": "Which city is the capital of France?"}]
+    params = GenerationParams(max_new_tokens=24)
+    hf = get_engine("hf", dtype="float32")
     try:
-        prompt = eng.chat_prompt([{"role": "user", "content": "Which city is the capital of France?"}])
-        [[c]] = eng.generate([prompt], GenerationParams(max_new_tokens=24))
-        assert c.completion_tokens > 0
-        assert "Paris" in c.text, c.text
+        [[ref]] = hf.generate([hf.chat_prompt(messages)], params)
+    finally:
+        hf.close()
+    eng = get_engine("vllm", enforce_eager=True, dtype="float32")
+    try:
+        [[c]] = eng.generate([eng.chat_prompt(messages)], params)
     finally:
         eng.close()
+    assert c.completion_tokens > 0
+    assert "Paris" in c.text, c.text
+    # vLLM keeps the closing EOS id in token_ids where the hf engine drops it, so compare the decoded text
+    assert c.text == ref.text, (c.text, ref.text)
+    assert c.token_ids[:len(ref.token_ids)] == ref.token_ids

@@ -152,6 +152,9 @@ def write_results_json(summaries: dict[str, dict], output_dir, model_args: dict 
 
 
 def _register():
+    # lm-eval fills its registry with the built-in models (local-completions, hf, vllm ...) only when the
+    # registry is empty at first lookup; registering ours first would hide them all.
+    import lm_eval.models  # noqa: F401
     from lm_eval.api.model import LM
     from lm_eval.api.registry import register_model
 
