@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TOY_FILES = [f"tests/test_optim_{n}.py" for n in ("sign", "muon", "imuon", "mirror", "ssn", "jd")]
+TOY_FILES = [f"tests/test_optim_{n}.py" for n in ("sign", "muon", "imuon", "mirror", "ssn", "jd", "zo")]
 
 
 def run_toys() -> dict:

@@ -86,6 +86,13 @@ def test_presets_and_switches_resolve_each_piece_independently():
             LQZOArguments(**bad)
 
 
+def test_gradient_optimizers_are_refused_with_a_reason():
+    from llmkit.train.lqzo.config import LQZOConfig
+
+    with pytest.raises(ValueError, match="no gradients"):
+        LQZOConfig(output_dir="/tmp/x", optim="llmkit_muon", use_cpu=True, report_to="none")
+
+
 def test_cli_parses_every_switch(repo_root):
     from llmkit.commands.train import parse_method_args
 

@@ -78,4 +78,3 @@ def test_upgrad_with_importance_correction_is_refused():
                    use_cpu=True, report_to="none")
     with pytest.raises(ValueError, match="reward_aggregation"):
         VSPOConfig(output_dir="/tmp/x", reward_aggregation="max", use_cpu=True, report_to="none")
-    assert torch is not None

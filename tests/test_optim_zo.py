@@ -77,7 +77,6 @@ def _heavy_tailed_run(clip, steps=400, seed=0, momentum=0.0, dim=10):
     return dists
 
 
-@pytest.mark.slow
 def test_rsc_zo_converges_under_infinite_variance_noise_where_unclipped_does_not():
     clipped, unclipped = [], []
     for seed in range(2):

@@ -119,3 +119,11 @@ class LQZOConfig(SFTConfig):
         "help": "decoupled decay of additively trained matrices (MeZO); scales and norms are never decayed"})
     max_grad_norm: float = field(default=0.0, metadata={"help": "unused (no gradients); kept at 0"})
     max_length: int | None = field(default=256, metadata={"help": "truncate training sequences to N tokens"})
+
+    def __post_init__(self):
+        # TrainingArguments turns optim into its enum first and would fail with a bare "not a valid
+        # OptimizerNames"; say why our optimizers do not apply here instead.
+        if str(self.optim).startswith("llmkit_"):
+            raise ValueError(f"--optim {self.optim} does not apply to LQZO: it takes no gradients and keeps no "
+                             "optimizer state; choose the estimator with --zo_method lqzo|qzo|mezo")
+        super().__post_init__()
