@@ -122,6 +122,101 @@ def test_zo_perturb_kernel_matches_reference():
         zp.perturb_ref(w, u, v, 0.1, "scale")
 
 
+def test_launch_device_follows_the_capture_mode():
+    from llmkit.kernels.workbench.compiled import launch_device
+
+    with capture(interpret=True):
+        assert launch_device() == "cpu"
+        with capture(interpret=False):  # a native capture (on a GPU of the test's architecture)
+            assert launch_device() == "cuda"
+        assert launch_device() == "cpu"
+    from triton import knobs
+
+    native = torch.cuda.is_available() and not knobs.runtime.interpret
+    assert launch_device() == ("cuda" if native else "cpu")  # outside a capture: where a plain launch runs
+
+
+def test_example_runners_put_every_kernel_argument_on_the_launch_device(monkeypatch):
+    """Natively (a GPU of the test's own arch) the kernels need device tensors: every runner must move
+    every tensor argument (TensorDescriptors by their base) to ``launch_device()``. Checked on CPU
+    with the ``meta`` device standing in for ``cuda`` and recording stand-ins for the kernels."""
+    from llmkit.kernels.workbench import examples as ex
+    from llmkit.kernels.workbench.compiled import _is_kernel_fn
+
+    seen = []
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                for a in args:
+                    t = getattr(a, "base", a)
+                    if isinstance(t, torch.Tensor):
+                        seen.append((self.name, t.device.type))
+            return launch
+
+    for name in dir(ex):
+        if _is_kernel_fn(getattr(ex, name)):
+            monkeypatch.setattr(ex, name, Fake(name))
+    monkeypatch.setattr(ex, "_dev", lambda: "meta")
+    runs = [lambda: ex.run_matmul(ex.matmul_kernel), lambda: ex.run_matmul(ex.matmul_fma_kernel, dtype=torch.int8),
+            lambda: ex.run_matmul(ex.matmul_kernel, dtype=torch.float8_e4m3fn), lambda: ex.run_matmul(ex.matmul_kernel, offset=1),
+            ex.run_upcast_matmul, ex.run_bias_gelu, ex.run_splitk, ex.run_persistent,
+            lambda: ex.run_persistent(persistent=False), ex.run_tma, lambda: ex.run_tma(tma=False), ex.run_mx_matmul,
+            ex.run_add, lambda: ex.run_add(aligned=False), ex.run_row_sum, lambda: ex.run_row_sum(serial=True)]
+    for run in runs:
+        out, ref = run()
+        assert out.device.type == "meta" and ref.device.type == "cpu"  # references stay on the CPU
+    assert len({n for n, _ in seen}) >= 10 and {d for _, d in seen} == {"meta"}, seen
+
+
+def test_launch_precision_names_what_the_kernel_computes_in():
+    from llmkit.kernels.workbench.check import launch_precision
+    from llmkit.kernels.workbench.compiled import Launch
+
+    def prec(*args):
+        return launch_precision(Launch(None, args, {}))
+
+    bf, f32 = torch.empty(2, dtype=torch.bfloat16), torch.empty(2)
+    assert prec(bf, bf, f32, f32, 128) == "bf16"  # fp32 bias/output do not count
+    assert prec(torch.empty(2, dtype=torch.int8), torch.empty(2, dtype=torch.int32)) == "int8"
+    assert prec(torch.empty(2, dtype=torch.float8_e4m3fn), f32) == "fp8"
+    assert prec(torch.empty(2, dtype=torch.float8_e4m3fn), torch.empty(2, dtype=torch.uint8), f32) == "mxfp8"
+    assert prec(f32, f32, 7) == "fp32" and prec(3) is None
+
+
+def test_readme_counts_the_strategy_tests():
+    import re
+
+    n = len(list((ROOT / "kernels" / "strategies").glob("*/test_*.py")))
+    assert n == sum(len(load_taxonomy(a).strategies) for a in ARCHS)
+    m = re.search(r"\((\d+) in all", (ROOT / "kernels" / "README.md").read_text())
+    assert m and int(m.group(1)) == n
+
+
+def test_zo_perturb_kernel_matches_zo_direction_semantics():
+    """The kernel is not wired into llmkit/optim/zo.py; it reproduces zo.py's low-rank Rademacher
+    direction (U, V drawn as zo.direction draws them) in both of zo.py's perturbation modes."""
+    import math
+
+    from llmkit.kernels import zo_perturb as zp
+    from llmkit.optim import zo
+
+    m, n, r, seed, mu = 70, 50, 4, 1234, 0.01
+    z = zo.direction((m, n), seed, distribution="rademacher", rank=r)
+    u = zo.sample((m, r), zo._generator(seed, None), "rademacher")
+    v = zo.sample((n, r), zo._generator(zo.mix_seed(seed, 0x56), None), "rademacher")
+    torch.testing.assert_close(u @ v.T / math.sqrt(r), z)
+    w = torch.randn(m, n)
+    with capture(interpret=True):
+        add = zp.perturb_triton(w, u, v, mu, "add")
+        mul = zp.perturb_triton(w, u, v, mu, "mul")
+    torch.testing.assert_close(add, w + mu * z)
+    torch.testing.assert_close(mul, w * (1 + mu * z))
+
+
 # ------------------------------------------------------------------------------------ verifier: static
 
 
@@ -167,6 +262,38 @@ def _run_all(pairs, timeout=300.0):
                                   timeout=30 if name == "bad_infinite_loop" else timeout)
                 for name, ref, prec in pairs}
         return {k: f.result() for k, f in futs.items()}
+
+
+def test_timing_reference_is_a_cast_copy_and_timing_failures_are_recorded():
+    """The GPU timing path, exercised on CPU: the timed reference is a copy cast to the inputs' dtype
+    (an fp32 nn.Linear fed bf16 inputs raises), and a failure while timing is an error string in
+    the result with speedup null, not a crashed worker."""
+    from llmkit.kernels.workbench.verify import _timed, _timing_reference
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.GELU()).eval()
+    x = torch.randn(3, 8).to(torch.bfloat16)
+    with pytest.raises(RuntimeError):
+        model(x)  # what timing the fp32 reference on bf16 inputs did
+    timed = _timing_reference(model, torch.bfloat16)
+    assert timed is not model and timed[0].weight.dtype == torch.bfloat16
+    assert model[0].weight.dtype == torch.float32  # the reference used for correctness is untouched
+    assert timed(x).dtype == torch.bfloat16
+    assert _timing_reference(model, None) is model
+
+    def fake_speedups(candidate, reference, inputs):
+        reference(*inputs)  # raises unless the reference was cast
+        return {"speedup": 2.0, "speedup_vs_compile": 1.5, "suspicious": False}
+
+    ok = _timed(model, model, [torch.randn(3, 8)], torch.bfloat16, fake_speedups)
+    assert ok["speedup"] == 2.0 and ok["speedup_vs_compile"] == 1.5 and "timing_error" not in ok
+
+    def broken_speedups(candidate, reference, inputs):
+        raise RuntimeError("CUDA error: out of memory")
+
+    bad = _timed(model, model, [torch.randn(3, 8)], torch.bfloat16, broken_speedups)
+    assert bad["speedup"] is None and bad["speedup_vs_compile"] is None
+    assert "RuntimeError" in bad["timing_error"] and "out of memory" in bad["timing_error"]
+    json.dumps(bad)  # the worker writes it as JSON
 
 
 @pytest.mark.slow

@@ -8,6 +8,18 @@ quant_kernel: one program per (row, kv-head) group; loads the even and odd chann
 bf16 scale/zero (zero rounded down, scale up), the 4-bit or 8-bit codes, and writes one byte per channel pair.
 dequant_kernel: one program per (row, kv-head, block of BT tokens); outlier slots re-read the
 partner's byte (a gathered load) to rebuild their 8-bit code.
+
+Hawkeye strategy tags (``llmkit kernels verify``, ``strategies_by_arch``): quant_kernel shows
+warp_shuffle_reduction (dpp_reduction on mi350) from its per-channel min/max/mean over the token
+axis. dequant_kernel's tags are ``[]`` on all four targets, and that is honest, not a miss: it is a
+memory-bound unpack (byte loads, nibble shifts, a multiply-add per element) with no matrix
+product (no mma/wgmma/tcgen05/mfma, hence no MMA pipelining, split-K or epilogue fusion), no
+cross-lane reduction, no K loop to pipeline, and a grid of one program per tile (not persistent).
+The one taxonomy strategy that could apply, vectorized_access (a CUDA-target entry; mi350's
+taxonomy has none), is absent from the PTX: the packed bytes and bf16 scales are loaded as scalars
+(``ld.global.b8``/``.b16``) and the even/odd channel split stores each output column with stride 2
+(``st.global.b32``), so no 128-bit access is emitted. Its strategies are the architecture-independent ones in ``kernels/kv_quant/README.md``
+(fusion, gathered partner load); vectorized packed loads are listed there as not done.
 """
 
 import triton

@@ -1,12 +1,16 @@
 """Fused low-rank Rademacher perturbation for zeroth-order finetuning: ``W + alpha * U V^T / sqrt(r)``.
 
-Used by LQZO-style ZO (see ``llmkit/optim/zo.py``): each step perturbs a weight (or scale) matrix by
-a low-rank direction ``z = U V^T / sqrt(r)`` with Rademacher (+-1) factors ``U [m, r]``, ``V [n, r]``
-(every entry of ``z`` has mean 0 and variance 1), evaluates the loss at ``W + mu z`` and
-``W - mu z``, and restores ``W``. The PyTorch reference materializes ``z`` (an ``m x n`` temporary,
+A workbench kernel (issue 18), not yet wired into ``llmkit/optim/zo.py``: nothing in the optimizer
+imports it. It is verified against zo.py's reference semantics for LQZO-style ZO, where each step
+perturbs a weight (or scale) matrix by a low-rank direction ``z = U V^T / sqrt(r)`` with Rademacher
+(+-1) factors ``U [m, r]``, ``V [n, r]`` (``zo.direction(..., rank=r, distribution="rademacher")``;
+every entry of ``z`` has mean 0 and variance 1), additively (``x0 + s mu z``) or relatively
+(``x0 (1 + s mu z)``), evaluates the loss at ``W + mu z`` and ``W - mu z``, and restores ``W``
+(``tests/test_kernels_workbench.py`` checks the kernel against ``zo.direction`` with the same seeds,
+and against :func:`perturb_ref`). The PyTorch reference materializes ``z`` (an ``m x n`` temporary,
 then a second full pass for the add); the Triton kernel never does: each program loads one
-``[BM, BN]`` tile of ``W`` and the matching rows of ``U`` and ``V`` (``r`` values each, stored as int8
-signs), forms the tile of ``U V^T`` with one small ``tl.dot`` in registers, and writes
+``[BM, BN]`` tile of ``W`` and the matching rows of ``U`` and ``V`` (``r`` values each: int8
+signs, or the +-1 floats ``zo.sample`` returns), forms the tile of ``U V^T`` with one small ``tl.dot`` in registers, and writes
 ``W + alpha * z`` (``mode="add"``) or ``W * (1 + alpha * z)`` (``mode="mul"``: relative
 perturbation, used for quantization scales) back. One read and one write of ``W``; in place when
 ``out is w``.
@@ -16,8 +20,8 @@ Hawkeye strategy tags (what the workbench finds in the compiled code): ``tl.dot`
 accesses of ``W``. The rank dimension is padded to 16 inside the kernel (``tl.dot`` needs K >= 16);
 sums of +-1 products are exact in bf16 operands with fp32 accumulation.
 
-``U``/``V`` come from the caller (e.g. ``llmkit.optim.zo.sample(..., "rademacher")`` with the step's
-seeds), so the perturbation is reproducible from seeds exactly as the reference's.
+``U``/``V`` come from the caller (drawn as ``zo.direction`` draws them: ``zo.sample(..., "rademacher")``
+from the step's seeds), so the perturbation is reproducible from seeds exactly as zo.py's.
 Importing this module imports triton (the kernel must be a module global): import it lazily, where
 the perturbation is applied.
 """

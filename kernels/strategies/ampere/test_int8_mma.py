@@ -11,7 +11,7 @@ from llmkit.kernels.workbench import examples as ex
 from llmkit.kernels.workbench.check import check_strategy
 
 ARCH, STRATEGY = "ampere", "int8_mma"
-PRECISIONS = ('int8',)
+PRECISIONS = ('int8',)  # what good() runs; check_strategy's r.precisions must equal it
 
 
 def good():
@@ -26,6 +26,7 @@ def test_int8_mma_correct_and_present():
     r = check_strategy(ARCH, STRATEGY, good)
     assert r.correct, f"max abs err {r.max_abs_err}"
     assert r.present, f"{STRATEGY} not in the {ARCH} code; found {r.found}; {r.compile_error}"
+    assert set(r.precisions) == set(PRECISIONS), f"ran {r.precisions}, claims {PRECISIONS}"
 
 
 def test_int8_mma_broken_twin_fails():  # a test of the test

@@ -4,7 +4,9 @@
 ``(out, expected)``) inside :func:`~.compiled.capture`, so the kernels run under the interpreter
 on CPU (natively on a GPU), then compiles every recorded launch for ``arch`` and asks the
 taxonomy whether the strategy is there. Strategy tests assert both for the expert kernel and
-assert that the deliberately broken twin fails one of them.
+assert that the deliberately broken twin fails one of them. ``precisions`` says which precisions
+the launches actually computed in; each strategy test asserts it equals the test's ``PRECISIONS``,
+so a test cannot claim a precision it does not run.
 """
 
 from __future__ import annotations
@@ -28,10 +30,29 @@ class StrategyCheck:
     found: list = field(default_factory=list)  # every strategy of the arch found in the compiled code
     compile_error: str | None = None
     ran_natively: bool = False
+    precisions: list = field(default_factory=list)  # operand precisions of the launches (launch_precision)
 
     @property
     def ok(self) -> bool:
         return self.correct and self.present
+
+
+# torch dtype -> the precision names of the taxonomy and of the tests' PRECISIONS
+_PRECISION = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8",
+              torch.float8_e5m2: "fp8", torch.int8: "int8"}
+_WIDTH = {"fp8": 8, "int8": 8, "bf16": 16, "fp16": 16, "fp32": 32}
+
+
+def launch_precision(launch) -> str | None:
+    """The precision a recorded launch computes in: the narrowest of its tensor arguments
+    (TensorDescriptors by their base); FP8 values next to uint8 (e8m0) scales are ``mxfp8``.
+    Wider outputs/accumulators (fp32, int32) and bias vectors do not lower it; None without tensors."""
+    tensors = [getattr(a, "base", a) for a in launch.args]
+    dtypes = {t.dtype for t in tensors if isinstance(t, torch.Tensor)}
+    names = {_PRECISION[d] for d in dtypes if d in _PRECISION}
+    if "fp8" in names and torch.uint8 in dtypes:
+        return "mxfp8"
+    return min(names, key=lambda n: (_WIDTH[n], n)) if names else None
 
 
 def close(out: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> tuple[bool, float]:
@@ -50,6 +71,7 @@ def check_strategy(arch: str, strategy: str, run, rtol: float = 2e-2, atol: floa
         out, expected = run()
     ok, err = close(out, expected, rtol, atol)
     res = StrategyCheck(arch, strategy, ok, err, False, ran_natively=native)
+    res.precisions = sorted({p for p in map(launch_precision, launches) if p})
     for launch in launches:
         try:
             asm = compile_launch(launch, arch)

@@ -310,6 +310,21 @@ def _patched_run(self, *args, grid, warmup, **kwargs):
         _rec.in_launch = prev
 
 
+def launch_device() -> str:
+    """Where a kernel launched now runs, hence where its tensors must live: ``"cpu"`` or ``"cuda"``.
+
+    Inside :func:`capture` it follows the capture's mode (interpreter: CPU tensors; native: the
+    GPU, ``cuda`` for CUDA and ROCm alike). Outside one, a plain launch runs natively when a GPU is
+    present and Triton's interpreter is off.
+    """
+    if _rec.stack:
+        return "cpu" if _rec.interpret else "cuda"
+    import torch
+    from triton import knobs
+
+    return "cuda" if torch.cuda.is_available() and not knobs.runtime.interpret else "cpu"
+
+
 @contextlib.contextmanager
 def capture(interpret: bool | None = None):
     """Record (and run) every JIT launch inside the block; yields the list of :class:`Launch`.

@@ -10,7 +10,10 @@ test decides what the compiled code must show.
 
 Shapes are multiples of the tile sizes (no masks), row-major contiguous, so that pointer
 divisibility is known to the compiler; callers keep them small (Triton's interpreter runs them on
-CPU). The ``run_*`` functions return ``(out, expected)`` and are what the tests call.
+CPU). The ``run_*`` functions return ``(out, expected)`` and are what the tests call. Their
+kernel arguments live where the launch runs (:func:`~.compiled.launch_device`): CPU tensors
+under the interpreter, ``cuda`` tensors when :func:`~.check.check_strategy` launches natively on
+a GPU of the test's own architecture; inputs are drawn and references computed on the CPU.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .compiled import launch_device
 
 # ------------------------------------------------------------------------------------ kernels
 
@@ -210,6 +215,15 @@ def row_sum_serial_kernel(x, out, N, BLOCK: tl.constexpr):
 MM = {"M": 128, "N": 128, "K": 128, "BM": 128, "BN": 64, "BK": 32}
 
 
+def _dev() -> str:
+    """Device of the kernel's tensors: CPU under the interpreter, the GPU for a native launch.
+
+    Inputs are always drawn on the CPU (seeded, so both modes see the same values) and references
+    computed there (integer matmul has no CUDA kernel); only the kernel's arguments move.
+    """
+    return launch_device()
+
+
 def _operands(dtype, M, N, K, seed=0, b_nk=False):
     g = torch.Generator().manual_seed(seed)
     if dtype == torch.int8:
@@ -226,14 +240,16 @@ def run_matmul(kernel=matmul_kernel, dtype=torch.bfloat16, num_stages=1, num_war
     s = {**MM, **shape}
     M, N, K = s["M"], s["N"], s["K"]
     a, b = _operands(dtype, M, N, K)
+    is_int = dtype == torch.int8
+    ref = a.int() @ b.int() if is_int else a.float() @ b.float()
+    dev = _dev()
+    a, b = a.to(dev), b.to(dev)
     if offset:
         a = torch.cat([a.new_zeros(offset), a.flatten()])[offset:].view(M, K)
-    is_int = dtype == torch.int8
-    c = torch.empty(M, N, dtype=torch.int32 if is_int else torch.float32)
+    c = torch.empty(M, N, dtype=torch.int32 if is_int else torch.float32, device=dev)
     kw = {"ACC": tl.int32} if is_int else {}
     kernel[(M // s["BM"], N // s["BN"])](a, b, c, M, N, K, BM=s["BM"], BN=s["BN"], BK=s["BK"],
                                          num_stages=num_stages, num_warps=num_warps, **kw)
-    ref = a.int() @ b.int() if is_int else a.float() @ b.float()
     return c, ref
 
 
@@ -241,10 +257,13 @@ def run_upcast_matmul(dtype=torch.float8_e4m3fn, num_stages=1):
     s = MM
     M, N, K = s["M"], s["N"], s["K"]
     a, b = _operands(dtype, M, N, K)
-    c = torch.empty(M, N)
+    ref = a.float() @ b.float()
+    dev = _dev()
+    a, b = a.to(dev), b.to(dev)
+    c = torch.empty(M, N, device=dev)
     matmul_upcast_kernel[(M // s["BM"], N // s["BN"])](a, b, c, M, N, K, BM=s["BM"], BN=s["BN"], BK=s["BK"],
                                                        num_stages=num_stages)
-    return c, a.float() @ b.float()
+    return c, ref
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -256,20 +275,26 @@ def run_bias_gelu(fuse=True):
     M, N, K = s["M"], s["N"], s["K"]
     a, b = _operands(torch.bfloat16, M, N, K)
     bias = torch.randn(N, generator=torch.Generator().manual_seed(1))
-    c = torch.empty(M, N)
+    ref = gelu_tanh(a.float() @ b.float() + bias)
+    dev = _dev()
+    a, b, bias = a.to(dev), b.to(dev), bias.to(dev)
+    c = torch.empty(M, N, device=dev)
     matmul_bias_gelu_kernel[(M // s["BM"], N // s["BN"])](a, b, bias, c, M, N, K, BM=s["BM"], BN=s["BN"],
                                                           BK=s["BK"], FUSE=fuse)
-    return c, gelu_tanh(a.float() @ b.float() + bias)
+    return c, ref
 
 
 def run_splitk(atomic=True, split=4):
     s = MM
     M, N, K = s["M"], s["N"], s["K"]
     a, b = _operands(torch.bfloat16, M, N, K)
-    c = torch.zeros(M, N)
+    ref = a.float() @ b.float()
+    dev = _dev()
+    a, b = a.to(dev), b.to(dev)
+    c = torch.zeros(M, N, device=dev)
     tiles = (M // s["BM"]) * (N // s["BN"])
     splitk_kernel[(tiles, split)](a, b, c, M, N, K, BM=s["BM"], BN=s["BN"], BK=s["BK"], SPLIT=split, ATOMIC=atomic)
-    return c, a.float() @ b.float()
+    return c, ref
 
 
 def run_persistent(persistent=True, programs=2):
@@ -278,9 +303,12 @@ def run_persistent(persistent=True, programs=2):
     if not persistent:
         return run_matmul(matmul_kernel, **s)
     a, b = _operands(torch.bfloat16, M, N, K)
-    c = torch.empty(M, N)
+    ref = a.float() @ b.float()
+    dev = _dev()
+    a, b = a.to(dev), b.to(dev)
+    c = torch.empty(M, N, device=dev)
     persistent_matmul_kernel[(programs,)](a, b, c, M, N, K, BM=s["BM"], BN=s["BN"], BK=s["BK"])
-    return c, a.float() @ b.float()
+    return c, ref
 
 
 def run_tma(ws=False, tma=True, num_stages=1, num_warps=4):
@@ -291,13 +319,16 @@ def run_tma(ws=False, tma=True, num_stages=1, num_warps=4):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     a, b = _operands(torch.bfloat16, M, N, K)
-    c = torch.empty(M, N, dtype=torch.bfloat16)
+    ref = a.float() @ b.float()
+    dev = _dev()
+    a, b = a.to(dev), b.to(dev)
+    c = torch.empty(M, N, dtype=torch.bfloat16, device=dev)
     da = TensorDescriptor.from_tensor(a, [s["BM"], s["BK"]])
     db = TensorDescriptor.from_tensor(b, [s["BK"], s["BN"]])
     dc = TensorDescriptor.from_tensor(c, [s["BM"], s["BN"]])
     tma_matmul_kernel[(M // s["BM"], N // s["BN"])](da, db, dc, K, BM=s["BM"], BN=s["BN"], BK=s["BK"], WS=ws,
                                                     num_stages=num_stages, num_warps=num_warps)
-    return c.float(), a.float() @ b.float()
+    return c.float(), ref
 
 
 def mx_quantize(x: torch.Tensor):
@@ -320,24 +351,31 @@ def run_mx_matmul(scaled=True):
     a, b = _operands(torch.float32, M, N, K, b_nk=True)
     qa, sa = mx_quantize(a)
     qb, sb = mx_quantize(b)
-    c = torch.empty(M, N)
+    ref = mx_dequantize(qa, sa) @ mx_dequantize(qb, sb).T
+    dev = _dev()
+    qa, sa, qb, sb = qa.to(dev), sa.to(dev), qb.to(dev), sb.to(dev)
+    c = torch.empty(M, N, device=dev)
     mx_matmul_kernel[(M // s["BM"], N // s["BN"])](qa, sa, qb, sb, c, M, N, K, BM=s["BM"], BN=s["BN"], BK=s["BK"],
                                                    SCALED=scaled)
-    return c, mx_dequantize(qa, sa) @ mx_dequantize(qb, sb).T
+    return c, ref
 
 
 def run_add(aligned=True, n=4096, block=1024):
     g = torch.Generator().manual_seed(0)
     base = torch.randn(3, n + 1, generator=g)
     off = 0 if aligned else 1
+    ref = base[0, off:off + n] + base[1, off:off + n]
+    base = base.to(_dev())
     x, y, out = base[0, off:off + n], base[1, off:off + n], base[2, off:off + n]
     add_kernel[(triton.cdiv(n, block),)](x, y, out, n, BLOCK=block)
-    return out, x + y
+    return out, ref
 
 
 def run_row_sum(serial=False, rows=4, n=256):
     x = torch.randn(rows, n, generator=torch.Generator().manual_seed(0))
-    out = torch.empty(rows)
+    ref = x.sum(1)
+    x = x.to(_dev())
+    out = torch.empty(rows, device=x.device)
     k = row_sum_serial_kernel if serial else row_sum_kernel
     k[(rows,)](x, out, n, BLOCK=n)
-    return out, x.sum(1)
+    return out, ref

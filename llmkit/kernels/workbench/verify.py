@@ -25,8 +25,9 @@ What :func:`verify` checks, and why (each is a way kernel benchmarks were fooled
   terms cancel); ``max_rel_err`` is ``max |out - ref| / (|ref| + atol)``;
 - **strategies**: every launch is compiled for ``--arch`` and matched against the taxonomy;
 - **timing only on a GPU** (CUDA events, warm-up, median, L2 flushed; see :mod:`.timing`)
-  against eager PyTorch and ``torch.compile``; a speedup > 10x is flagged in ``reasons``, not
-  trusted. Without a GPU ``speedup`` is ``null``.
+  against eager PyTorch and ``torch.compile`` of a copy of the reference cast to the inputs'
+  dtype; a speedup > 10x is flagged in ``reasons``, not trusted. Without a GPU ``speedup`` is
+  ``null``; so it is when timing fails, with the error in ``timing_error`` (correctness stands).
 
 Without a GPU the kernels run under Triton's interpreter (slow: keep reference shapes small).
 """
@@ -306,6 +307,33 @@ def _cast(x, dtype):
     return x
 
 
+def _timing_reference(model, dtype):
+    """The reference as it is timed: a copy cast to the candidate's input dtype.
+
+    Timing feeds both models the same ``dtype`` inputs; the reference kept for correctness stays
+    fp32 (it is fed fp32 copies), and an fp32 ``nn.Linear`` would reject bf16 inputs. Casting a copy
+    times eager PyTorch at the precision the candidate runs at, and leaves the original untouched.
+    """
+    import copy
+
+    if dtype is None:
+        return model
+    return copy.deepcopy(model).to(dtype)
+
+
+def _timed(candidate, model, inputs, dtype, speedups_fn) -> dict:
+    """Result fields of the speedup measurement (``speedup``, ``speedup_vs_compile``, ``timing``).
+
+    A failure while timing (the reference, ``torch.compile``, a CUDA error) does not undo the
+    verdict on correctness: it is recorded as ``timing_error`` with ``speedup`` null, never raised.
+    """
+    try:
+        sp = speedups_fn(candidate, _timing_reference(model, dtype), [_cast(x, dtype) for x in inputs])
+    except Exception as e:  # noqa: BLE001 - reported in the result, the verification itself ran
+        return {"speedup": None, "speedup_vs_compile": None, "timing_error": f"{type(e).__name__}: {str(e)[-300:]}"}
+    return {"speedup": sp["speedup"], "speedup_vs_compile": sp["speedup_vs_compile"], "timing": sp}
+
+
 def _flat(out):
     import torch
 
@@ -485,10 +513,9 @@ def _worker(ref_path, cand_path, arch, precision, trials, timing, out_path, extr
     if timing and res["correct"] and device == "cuda":
         torch.manual_seed(1)
         inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in ref_mod.get_inputs()]
-        sp = speedups(new, model, [_cast(x, dtype) for x in inputs])
-        res.update(speedup=sp["speedup"], speedup_vs_compile=sp["speedup_vs_compile"], timing=sp)
-        if sp["suspicious"]:
-            res["reasons"].append(f"suspicious speedup {sp['speedup']:.1f}x > {SUSPICIOUS:g}x: flagged, not trusted")
+        res.update(_timed(new, model, inputs, dtype, speedups))
+        if res.get("timing", {}).get("suspicious"):
+            res["reasons"].append(f"suspicious speedup {res['speedup']:.1f}x > {SUSPICIOUS:g}x: flagged, not trusted")
     elif device == "cpu":
         res["timing_note"] = "no GPU: correctness ran under Triton's interpreter; speedup needs a GPU"
     return finish()
