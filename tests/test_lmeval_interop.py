@@ -27,6 +27,36 @@ def test_prompt_style_lm_eval_builds_lm_evals_own_5_shot_contexts(shared_data):
     assert task.render(None, rows[0]).split("Question: ")[1] != ctx.split("Question: ")[1]
 
 
+def test_prompt_style_lm_eval_sends_the_contexts_simple_evaluate_sends(shared_data):
+    """The contexts `llmkit eval --prompt-style lm-eval` generates from are the ones lm-eval's own
+    simple_evaluate hands a model (same shots from the same seeded sampler), caught by a recording model."""
+    import lm_eval
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+
+    from llmkit.evals.lmeval import LmEvalGSM8K, lmeval_task
+
+    seen = []
+
+    @register_model("llmkit-test-recorder")
+    class Recorder(LM):
+        def loglikelihood(self, requests):
+            raise NotImplementedError
+
+        def loglikelihood_rolling(self, requests):
+            raise NotImplementedError
+
+        def generate_until(self, requests):
+            seen.extend(r.args[0] for r in requests)
+            return ["" for _ in requests]
+
+    data = shared_data / "gsm8k" / "test.jsonl"
+    lm_eval.simple_evaluate(model="llmkit-test-recorder", tasks=[lmeval_task("gsm8k", data)], limit=4)
+    task = LmEvalGSM8K()
+    rows = task.load(data, limit=4)
+    assert sorted(seen) == sorted(task.render(None, r) for r in rows)
+
+
 def test_results_json_has_lm_eval_layout_and_standard_errors(tmp_path):
     from llmkit.evals.lmeval import write_results_json
 

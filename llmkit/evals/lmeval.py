@@ -59,6 +59,11 @@ def lmeval_task(task: str, test_file: str | Path, train_file: str | Path | None 
 
 def lmeval_contexts(task, limit: int | None) -> list[tuple[dict, str, dict]]:
     """``(doc, context, generation kwargs)`` per test document, as lm-eval would send them to a model."""
+    from lm_eval.defaults import DEFAULT_OTHER_SEED
+
+    # simple_evaluate seeds the few-shot sampler with this before building requests; without it the
+    # shots (and so every prompt) differ from what lm-eval sends
+    task.set_fewshot_seed(seed=DEFAULT_OTHER_SEED)
     task.build_all_requests(limit=limit, rank=0, world_size=1)
     out = []
     for inst in sorted(task.instances, key=lambda i: i.doc_id):
