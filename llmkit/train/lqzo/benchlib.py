@@ -182,10 +182,11 @@ def train_qlora(model, tok, train_ds, steps: int, lr: float, batch_size: int, ma
 
 
 def probe(kind: str, bits: int = 4, group_size: int = 64, batch_size: int = 4, max_length: int = 128,
-          cache_dir: str | None = None, reps: int = 3) -> dict:
+          cache_dir: str | None = None, reps: int = 7) -> dict:
     """Peak memory of one operation on one batch: ``inference`` (a forward, no_grad), ``lqzo`` (one LQZO step:
     two forwards + perturb/restore/update), ``qlora`` (forward + backward + AdamW step). ``lqzo`` also
-    times the step against two plain forwards of the same batch (medians of ``reps`` interleaved runs)."""
+    times the step against two plain forwards of the same batch (medians of ``reps`` interleaved runs, order
+    alternating) and the ZO machinery alone (perturb, restore, update without the forwards)."""
     from llmkit.optim.zo import SeedZO
     from llmkit.train.lqzo.task import compare_rows
     from llmkit.train.lqzo.trainer import zo_trainable
@@ -230,17 +231,29 @@ def probe(kind: str, bits: int = 4, group_size: int = 64, batch_size: int = 4, m
     with torch.no_grad():
         step(0)  # warm-up (allocates the restore copy of the scales)
         m = peak_memory_during(lambda: step(1))
-        t_step, t_fwd = [], []
+        t_step, t_fwd, t_pert = [], [], []
+
+        def two_forwards():
+            loss_fn()
+            loss_fn()
+
         for i in range(reps):
+            # alternate which runs first: on a shared 2-core box a neighbour's burst otherwise lands on one side
+            order = [("fwd", two_forwards), ("step", lambda i=i: step(2 + i))]
+            for name, fn in (order if i % 2 == 0 else order[::-1]):
+                t0 = time.perf_counter()
+                fn()
+                (t_fwd if name == "fwd" else t_step).append(time.perf_counter() - t0)
+            # the ZO machinery alone (perturb +, perturb -, restore, update): what the step adds to two forwards
             t0 = time.perf_counter()
-            loss_fn()
-            loss_fn()
-            t_fwd.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            step(2 + i)
-            t_step.append(time.perf_counter() - t0)
+            zo.perturb(100 + i, 0, 1.0)
+            zo.perturb(100 + i, 0, -1.0)
+            zo.restore()
+            zo.update(100 + i, [0.0] * (zo.q - 1) + [1e-3], lr=0.0)
+            t_pert.append(time.perf_counter() - t0)
     return {"kind": kind, "peak_bytes": m["peak"], "base_bytes": m["base"], "step_s": statistics.median(t_step),
-            "two_forward_s": statistics.median(t_fwd), "zo_copy_bytes": zo.backup_bytes(),
+            "two_forward_s": statistics.median(t_fwd), "zo_overhead_s": statistics.median(t_pert),
+            "step_s_all": t_step, "two_forward_s_all": t_fwd, "zo_copy_bytes": zo.backup_bytes(),
             "trainable_elements": zo.num_elements()}
 
 
