@@ -100,6 +100,14 @@ def test_llmkit_is_an_lm_eval_model(tmp_path):
     gen = Instance("generate_until", doc={}, arguments=("Hello", {"until": ["\n"], "max_gen_toks": 5}), idx=0)
     out, = lm.generate_until([gen])
     assert isinstance(out, str) and "\n" not in out
+    # a misspelt or unsupported argument is refused by name instead of dropped
+    with pytest.raises(ValueError, match="devcie"):
+        get_model("llmkit")(pretrained=str(folder), engine="hf", devcie="cuda")
+    # InQuant through lm-eval: the engine gets the quantized cache and still generates
+    lm_q = get_model("llmkit")(pretrained=str(folder), engine="hf", kv_cache="inquant", device="cpu")
+    assert lm_q.engine.cache_factory is not None
+    out_q, = lm_q.generate_until([gen])
+    assert isinstance(out_q, str)
 
 
 def _free_port() -> int:

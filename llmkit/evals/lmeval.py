@@ -167,17 +167,43 @@ def _register():
     class LlmkitLM(LM):
         """lm-eval model over llmkit: ``pretrained`` (alias/folder/hub id/adapter), ``engine`` (hf|vllm),
         ``kv_cache`` (default|inquant, hf engine), ``guard`` (a fitted guard folder, hf engine),
-        ``batch_size``, ``max_model_len`` (vllm)."""
+        ``batch_size``, ``device`` (hf: cpu|cuda|cuda:N|auto), ``dtype``, ``trust_remote_code``,
+        ``max_model_len``, ``tensor_parallel_size``, ``gpu_memory_utilization`` (vllm). An argument it does
+        not know is an error naming it (lm-eval's own models drop them silently, so ``device=cuda`` could
+        quietly run on the CPU)."""
 
         def __init__(self, pretrained: str | None = None, engine: str = "hf", kv_cache: str | None = None,
                      guard: str | None = None, batch_size: int | str = 16, max_model_len: int = 4096,
-                     dtype: str = "float32", **_ignored):
+                     dtype: str | None = None, device: str | None = None, trust_remote_code: bool | str = False,
+                     tensor_parallel_size: int | None = None, gpu_memory_utilization: float | None = None,
+                     max_batch_size: int | None = None, **unknown):
             super().__init__()
             from llmkit.engines import get_engine
 
+            if unknown:
+                raise ValueError(f"unknown model_args for --model llmkit: {', '.join(sorted(unknown))} (known: "
+                                 "pretrained, engine, kv_cache, guard, batch_size, device, dtype, trust_remote_code, "
+                                 "max_model_len, tensor_parallel_size, gpu_memory_utilization)")
+            if engine not in ("hf", "vllm"):
+                raise ValueError(f"engine must be hf or vllm, got {engine!r}")
             self.model_name = pretrained
-            bs = int(batch_size) if str(batch_size).isdigit() else 16
-            kw = {"batch_size": bs, "dtype": dtype} if engine == "hf" else {"max_model_len": int(max_model_len)}
+            bs = int(batch_size) if str(batch_size).isdigit() else 16  # "auto" / "auto:N": our engines batch themselves
+            remote = str(trust_remote_code).lower() in ("1", "true", "yes")
+            if engine == "hf":
+                kw = {"batch_size": bs, "dtype": dtype or "float32", "trust_remote_code": remote}
+                if device == "auto":
+                    kw["device_map"] = "auto"
+                elif device:
+                    kw["device"] = device
+            else:
+                if device and device not in ("cuda", "auto") and not device.startswith("cuda"):
+                    raise ValueError(f"engine=vllm places the model itself; device={device!r} does not apply")
+                kw = {"max_model_len": int(max_model_len), "dtype": dtype or "bfloat16",
+                      "trust_remote_code": remote}
+                if tensor_parallel_size:
+                    kw["tensor_parallel_size"] = int(tensor_parallel_size)
+                if gpu_memory_utilization:
+                    kw["gpu_memory_utilization"] = float(gpu_memory_utilization)
             if kv_cache and kv_cache != "default":
                 if engine != "hf":
                     raise ValueError("kv_cache=inquant needs engine=hf (vLLM manages its own KV cache)")
