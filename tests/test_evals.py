@@ -305,3 +305,22 @@ def test_cli_bad_data_is_exit_2_naming_the_line(tmp_path, capsys):
     assert main(["eval", "gsm8k", "--data", str(p), "--score-gold", "--output", str(tmp_path / "o")]) == 2
     assert "bad.jsonl:2: missing field 'answer'" in capsys.readouterr().err
     assert main(["eval", "gsm8k,nope", "--score-gold"]) == 2
+
+
+def test_cli_eval_takes_the_serving_placement_and_cache_flags(gsm8k_slice, tiny_model, tiny_tokenizer, tmp_path,
+                                                                capsys):
+    """`llmkit eval` shares `llmkit serve`'s engine flags: InQuant KV cache on the hf engine, and flags for the
+    other engine are refused by name before any model loads."""
+    from llmkit.cli import main
+
+    folder = tmp_path / "tiny"
+    tiny_model.save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    out = tmp_path / "run"
+    assert main(["eval", "gsm8k", "--model", str(folder), "--data", str(gsm8k_slice), "--kv-cache", "inquant",
+                 "--device", "cpu", "--max-new-tokens", "4", "--output", str(out)]) == 0
+    assert json.loads((out / "summary.json").read_text())["gsm8k"]["n"] == 4
+    assert main(["eval", "gsm8k", "--engine", "vllm", "--kv-cache", "inquant", "--data", str(gsm8k_slice)]) == 2
+    assert "--kv-cache" in capsys.readouterr().err
+    assert main(["eval", "gsm8k", "--tensor-parallel-size", "2", "--data", str(gsm8k_slice)]) == 2
+    assert "--tensor-parallel-size" in capsys.readouterr().err

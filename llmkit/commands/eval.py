@@ -31,6 +31,16 @@ def register(sub):
     p.add_argument("--max-model-len", type=positive_int, default=4096, help="vllm context length")
     p.add_argument("--enforce-eager", action="store_true", help="vllm without graph capture/compile "
                    "(starts much faster on CPU)")
+    p.add_argument("--dtype", default=None, help="model dtype (default: float32 for hf, bfloat16 for vllm)")
+    p.add_argument("--kv-cache", default=None, metavar="NAME",
+                   help="hf engine: a quantized KV cache for generation, e.g. inquant (see `llmkit serve --help`)")
+    p.add_argument("--device", default=None,
+                   help="hf engine: cpu (default), cuda, cuda:N, mps, or 'auto' (device_map='auto' over the GPUs)")
+    p.add_argument("--tensor-parallel-size", type=positive_int, default=None,
+                   help="vllm engine: GPUs to shard the model over")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="vllm engine: fraction of GPU memory vLLM may take (vLLM's default 0.9)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code from its folder/hub")
     p.add_argument("--output", default=None, help="output folder (default ./eval-runs/<time>); answers are saved "
                    "there as they come, so rerunning an interrupted command with the same --output generates only "
                    "what is missing; with compare: the PNG path (default ./eval-compare.png)")
@@ -101,11 +111,9 @@ def run(args) -> int:
     out = Path(args.output or Path("eval-runs") / time.strftime("%Y%m%d-%H%M%S"))
     engine = None
     if not args.score_gold:
-        from llmkit.engines import get_engine
+        from llmkit.commands.serve import build_engine
 
-        kw = ({"batch_size": args.batch_size} if args.engine == "hf"
-              else {"max_model_len": args.max_model_len, "enforce_eager": args.enforce_eager})
-        engine = get_engine(args.engine, args.model, **kw)
+        engine = build_engine(args, **({"batch_size": args.batch_size} if args.engine == "hf" else {}))
     summaries = {}
     try:
         for t in tasks:

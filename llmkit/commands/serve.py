@@ -108,8 +108,9 @@ def _chat_template(value: str | None) -> str | None:
     return p.read_text() if "{" not in value else value
 
 
-def build_engine(args):
-    """The engine named by the flags; user mistakes raise UserError before anything heavy loads."""
+def build_engine(args, **hf_kw):
+    """The engine named by the flags (``llmkit serve`` and ``llmkit eval`` share them); user mistakes raise
+    UserError before anything heavy loads. ``hf_kw`` go to the hf engine (eval's batch size)."""
     from llmkit.cli import UserError
 
     loras = parse_lora_modules(getattr(args, "lora_modules", None))
@@ -160,7 +161,7 @@ def build_engine(args):
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError(f"--device {device}: torch sees no CUDA device here")
     engine = HFEngine(args.model, dtype=args.dtype or "float32", cache_factory=cache_factory, trust_remote_code=trust,
-                      **kw)
+                      **kw, **hf_kw)
     if template is not None:
         engine.tokenizer.chat_template = template
     if loras:
