@@ -25,8 +25,22 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# this file is named like the stdlib's `select` module: keep its folder off the import path
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+# This file is named like the stdlib's `select` module (the issue fixes the name). Run as a script, keep its
+# folder off the import path. Run as any other bench script, that folder is sys.path[0] and `import select`
+# (subprocess, selectors, asyncio ...) lands here: hand the importer the real module instead.
+_HERE = Path(__file__).resolve().parent
+if __name__ == "select":
+    # (the rest of this file still runs as a throwaway module: only imports and definitions, cheap)
+    _saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+    del sys.modules["select"]
+    try:
+        import select as _real  # the stdlib's (lib-dynload)
+    finally:
+        sys.path[:] = _saved
+    sys.modules["select"] = _real
+else:
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 import argparse  # noqa: E402
 import importlib.util  # noqa: E402
