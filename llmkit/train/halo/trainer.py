@@ -23,6 +23,19 @@ from llmkit.train.halo.schedule import Schedule, homotopy_t
 from llmkit.train.halo.units import layer_units
 
 
+def sharded_engine(args) -> str | None:
+    """"deepspeed" / "fsdp" when the run shards parameters, else None. Under `accelerate launch --config_file
+    zero2.yaml` only ``deepspeed_plugin`` (and accelerate's env flag) is set, never ``args.deepspeed``."""
+    import os
+
+    if getattr(args, "deepspeed", None) or getattr(args, "deepspeed_plugin", None) is not None \
+            or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true"):
+        return "deepspeed"
+    if getattr(args, "fsdp", None) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true"):
+        return "fsdp"
+    return None
+
+
 class HaloCallback(TrainerCallback):
     def __init__(self, method: str = "halo", homotopy_fraction: float = 0.5, ramp_width: float = 0.25,
                  initial_units: int = 1, lisa_layers: int = 2, lisa_interval: int = 5,
@@ -39,7 +52,7 @@ class HaloCallback(TrainerCallback):
         units = layer_units(model)
         if not units:
             raise ValueError("HALO found no trainable parameter in the model")
-        if getattr(args, "deepspeed", None) or getattr(args, "fsdp", None):
+        if sharded_engine(args):
             raise ValueError("HALO scales per-parameter updates and needs unsharded parameters: "
                              "run it with DDP (accelerate's default) rather than DeepSpeed or FSDP")
         schedule = Schedule(num_units=len(units), **self.schedule_kwargs)
