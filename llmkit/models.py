@@ -171,12 +171,12 @@ def parse_dtype(dtype):
         raise ValueError(f"unknown dtype '{dtype}': choose one of {', '.join(_DTYPES)}") from None
 
 
-def load_tokenizer(name_or_path: str | None = None):
+def load_tokenizer(name_or_path: str | None = None, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     path = resolve(name_or_path)
     try:
-        tok = AutoTokenizer.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(path, **({"trust_remote_code": True} if trust_remote_code else {}))
     except OSError as e:
         raise ModelNotFoundError(
             f"cannot load tokenizer '{name_or_path}': {e}. Built-in aliases: {_alias_help()}"
@@ -206,7 +206,7 @@ def load(name_or_path: str | None = None, dtype="float32", device: str | None = 
     if device is not None:
         model = model.to(device)
     model.eval()
-    tok = load_tokenizer(path)
+    tok = load_tokenizer(path, trust_remote_code=bool(kwargs.get("trust_remote_code")))
     return model, tok
 
 

@@ -75,7 +75,7 @@ class VLLMEngine(Engine):
             self.lora_requests = {name: LoRARequest(name, i + 1, str(p))
                                   for i, (name, p) in enumerate(self.adapters.items())}
         self.llm = LLM(model=path, dtype=dtype, max_model_len=max_model_len, seed=seed, **llm_kwargs)
-        self.tokenizer = load_tokenizer(path)
+        self.tokenizer = load_tokenizer(path, trust_remote_code=bool(llm_kwargs.get("trust_remote_code")))
 
     def generate(self, prompts, params: GenerationParams, n: int = 1, progress: bool = False):
         from llmkit.generation import prompt_ids
