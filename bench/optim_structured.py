@@ -10,7 +10,10 @@ Figures:
 - Inverse optimization: held-out decision error vs T (slope of log error on log T); reward weights recovered from
   simulated preference pairs (cosine with the planted weights, held-out pair agreement vs uniform weights).
 - Tensor: iterations to the noise floor, RGN / RGD.  Matrix completion: relative error vs eps.
-- The tiny-model VSPO run with a LOCU length constraint: run only where VSPO has ``reward_aggregation: locu``.
+- VSPO on the bundled model with "mean completion words <= L": LOCU (``reward_aggregation: locu``) beside a
+  length-penalty reward, same step budget: constraint satisfaction rate over the steps
+  (``vspo_locu_constraint_satisfaction``, ``vspo_penalty_constraint_satisfaction``), mean words per step, final
+  task reward.
 - ``toy_tests_passed`` / ``toy_tests_total``: this issue's five test files, run by pytest.
 
     .venv/bin/python bench/optim_structured.py [--quick]
@@ -184,12 +187,58 @@ def run_tests() -> tuple[int, int]:
     return passed, passed + failed
 
 
-def locu_vspo_status() -> str:
-    from llmkit.train.vspo import config as vcfg
+def _vspo_run(out: Path, extra: list[str]) -> list[dict]:
+    from llmkit.cli import main as llmkit_main
 
-    if "locu" in getattr(vcfg, "REWARD_AGGREGATIONS", ()):
-        return "available (not run by this bench yet)"
-    return "missing: llmkit/train/vspo/config.py has no reward_aggregation 'locu'"
+    rc = llmkit_main(["train", "vspo", "--config", str(ROOT / "recipes/configs/vspo/smollm2_verbosity_gsm8k.yaml"),
+                      "--output_dir", str(out), *extra])
+    if rc != 0:
+        raise RuntimeError(f"llmkit train vspo exited with {rc}")
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if "vspo/mean_words" in r]
+
+
+def bench_locu_vspo(quick: bool, steps: int | None = None, max_completion_length: int | None = None,
+                    max_words: float = 20.0, trust_radius: float = 0.05) -> dict:
+    """Bundled-model VSPO with the limit "mean completion words <= max_words": LOCU (``reward_aggregation locu``,
+    the task reward as objective) beside the reward-penalty version (``sum`` aggregation; the verbosity reward with
+    the band [1, max_words] is the length penalty: 1 up to the limit, falling to 0 at twice it; a negative weight
+    on a band reward would punish being inside the band, so the band is used instead). Same seed, rollouts,
+    steering and step budget: optim sgd at lr 1 with gradient clipping at the trust radius, so the penalty run's
+    step is its gradient clipped to the same radius that bounds LOCU's. Per method: mean words per step,
+    constraint satisfaction rate (fraction of steps whose rollouts have mean words <= the limit), final task
+    reward (mean gsm8k_correctness over the last half of the steps)."""
+    import tempfile
+
+    steps = steps or (4 if quick else 12)
+    max_completion_length = max_completion_length or (48 if quick else 96)
+    common = ["--max_steps", str(steps), "--max_completion_length", str(max_completion_length),
+              "--per_device_train_batch_size", "4", "--num_generations", "4", "--dataset_limit", str(4 * steps),
+              "--eval_path", "", "--steering_num_pairs", "8", "--save_strategy", "no", "--disable_tqdm", "true",
+              "--optim", "sgd", "--learning_rate", "1.0", "--lr_scheduler_type", "constant", "--weight_decay", "0",
+              "--max_grad_norm", str(trust_radius), "--verbosity_min_words", "1",
+              "--verbosity_max_words", str(int(max_words)), "--seed", "0"]
+    methods = {"locu": ["--reward_aggregation", "locu", "--locu_max_words", str(max_words),
+                        "--locu_trust_radius", str(trust_radius), "--behavior_weight", "0"],
+               "penalty": ["--reward_aggregation", "sum", "--behavior_weight", "1.0"]}
+    res: dict = {"vspo_locu_max_words": max_words, "vspo_locu_trust_radius": trust_radius, "vspo_locu_steps": steps,
+                 "vspo_locu_max_completion_length": max_completion_length}
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="bench-vspo-locu-") as tmp:
+        for name, extra in methods.items():
+            recs = _vspo_run(Path(tmp) / name, common + extra)
+            words = [float(r["vspo/mean_words"]) for r in recs]
+            task = [float(r.get("rewards/gsm8k_correctness/mean", float("nan"))) for r in recs]
+            tail = task[len(task) // 2:] or task
+            res[f"vspo_{name}_mean_words_per_step"] = words
+            res[f"vspo_{name}_constraint_satisfaction"] = float(np.mean([w <= max_words for w in words]))
+            res[f"vspo_{name}_final_task_reward"] = float(np.nanmean(tail)) if tail else float("nan")
+            res[f"vspo_{name}_final_mean_words"] = words[-1] if words else float("nan")
+            if name == "locu":
+                res["vspo_locu_step_norm_max"] = max(float(r.get("locu/step_norm", 0.0)) for r in recs)
+                res["vspo_locu_active_rate"] = float(np.mean([float(r.get("locu/active", 0.0)) for r in recs]))
+    res["vspo_locu_seconds"] = time.time() - t0
+    return res
 
 
 def plot(res: dict, path: Path):
@@ -265,8 +314,20 @@ def main():
     res.update(bench_mc(2 if args.quick else 5))
     print("matrix completion relative error (60x60 rank 3, 25% observed): "
           + ", ".join(f"eps {e:g}: {res[f'mc_relative_error_eps{e:g}']:.2e}" for e in (0.1, 0.01, 0.001)))
-    res["vspo_locu_length_constraint"] = locu_vspo_status()
-    print(f"VSPO with a LOCU length constraint: {res['vspo_locu_length_constraint']}")
+    try:
+        res.update(bench_locu_vspo(args.quick))
+        res["vspo_locu_length_constraint"] = "ran"
+        L = res["vspo_locu_max_words"]
+        for m in ("locu", "penalty"):
+            print(f"VSPO bundled model, mean words <= {L:g} ({m}): satisfied on "
+                  f"{res[f'vspo_{m}_constraint_satisfaction']:.2f} of {res['vspo_locu_steps']} steps, mean words per "
+                  f"step {[round(w, 1) for w in res[f'vspo_{m}_mean_words_per_step']]}, final task reward "
+                  f"{res[f'vspo_{m}_final_task_reward']:.3f}")
+        print(f"VSPO LOCU max step norm {res['vspo_locu_step_norm_max']:.4f} (trust radius "
+              f"{res['vspo_locu_trust_radius']:g}), constraint active on {res['vspo_locu_active_rate']:.2f} of steps")
+    except Exception as exc:  # noqa: BLE001 -- a missing bundled model or a failed run must not lose the figures
+        res["vspo_locu_length_constraint"] = f"failed: {type(exc).__name__}: {exc}"
+        print(f"VSPO with a LOCU length constraint: {res['vspo_locu_length_constraint']}")
     res["toy_tests_passed"], res["toy_tests_total"] = run_tests()
     print(f"toy tests: {res['toy_tests_passed']} / {res['toy_tests_total']} passed")
     res["seconds"] = time.time() - t0
@@ -276,8 +337,10 @@ def main():
     plot(res, RESULTS / f"{name}.png")
     keys = ["locu_feasible_rate", "tc_dro_tail_mse_ratio_vs_erm", "io_heldout_error", "rgn_vs_rgd_iters_ratio",
             "mc_relative_error", "toy_tests_passed", "toy_tests_total", "penalty1_feasible_rate",
-            "tc_dro_tail_mse_ratio_vs_chi2", "io_log_slope", "pref_cosine", "vspo_locu_length_constraint"]
-    print(json.dumps({k: res[k] for k in keys}))
+            "tc_dro_tail_mse_ratio_vs_chi2", "io_log_slope", "pref_cosine", "vspo_locu_length_constraint",
+            "vspo_locu_constraint_satisfaction", "vspo_penalty_constraint_satisfaction",
+            "vspo_locu_final_task_reward", "vspo_penalty_final_task_reward"]
+    print(json.dumps({k: res.get(k) for k in keys}))
 
 
 if __name__ == "__main__":

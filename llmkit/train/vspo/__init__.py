@@ -1,1 +1,6 @@
-"""VSPO: steering-vector GRPO (see ``trainer.py`` for the method, ``recipe.py`` for ``llmkit train vspo``)."""
+"""VSPO: steering-vector GRPO (see ``trainer.py`` for the method, ``recipe.py`` for ``llmkit train vspo``).
+
+``reward_aggregation`` picks how the rewards become one update: ``sum`` (GRPO), ``upgrad`` (Jacobian descent over
+per-reward policy gradients) or ``locu`` (maximise the reward subject to ``mean completion words <= locu_max_words``
+with one LOCU trust-region step per micro-batch instead of a length-penalty reward); ``trainer.py`` says how.
+"""

@@ -12,7 +12,7 @@ MODES = ("vspo", "grpo", "guidance")
 SPREADS = ("linspace", "uniform")
 ANNEALS = ("linear", "cosine", "none")
 CORRECTIONS = ("none", "token_truncate", "sequence_truncate")
-REWARD_AGGREGATIONS = ("sum", "upgrad")
+REWARD_AGGREGATIONS = ("sum", "upgrad", "locu")
 
 
 @dataclass
@@ -63,7 +63,22 @@ class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
     reward_aggregation: str = field(default="sum", metadata={
         "help": "sum (GRPO: the weighted rewards are summed, then normalised per group) | upgrad (each reward "
                 "function's own group-normalised, weighted advantages give its own policy-gradient loss, and "
-                "Jacobian descent with UPGrad combines the per-reward gradients; llmkit.optim.jd)"})
+                "Jacobian descent with UPGrad combines the per-reward gradients; llmkit.optim.jd) | locu (maximise "
+                "the summed reward's policy gradient subject to a constraint, here the length constraint "
+                "locu_max_words, in a trust region of radius locu_trust_radius: one LOCU step per micro-batch, "
+                "llmkit.optim.constrained.locu_step, written into the gradient). upgrad and locu run in a single "
+                "process and with importance_correction none"})
+    # ---- constraints (reward_aggregation locu)
+    locu_max_words: float | None = field(default=None, metadata={
+        "help": "reward_aggregation locu: the constraint 'mean completion length in words <= L' (L = this value). "
+                "Its value on a micro-batch is mean words - L (satisfied where <= 0), its gradient a REINFORCE "
+                "estimate from the completions' leave-one-out word advantages within each group; required by "
+                "locu, refused otherwise"})
+    locu_trust_radius: float = field(default=0.05, metadata={
+        "help": "reward_aggregation locu: Euclidean bound on the parameter step, ||s|| <= radius (LOCU with the "
+                "identity as Fisher). The step is written as the gradient (grad = -s): with optim sgd, "
+                "learning_rate 1 and a constant schedule the update is exactly s; other optimizers rescale or "
+                "precondition it. Keep max_grad_norm >= the radius (or 0), else clipping shortens the step"})
     # ---- evaluation before/after
     eval_path: str | None = field(default="../shared/data/gsm8k/test.jsonl", metadata={
         "help": "GSM8K-style test file for behaviour rate and accuracy before/after (unset: skip)"})
@@ -99,8 +114,24 @@ class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
         if self.importance_clip <= 0:
             raise ValueError("importance_clip must be > 0")
         if self.reward_aggregation != "sum" and self.importance_correction != "none":
-            raise ValueError("reward_aggregation upgrad works on per-reward advantages; use it with "
-                             "importance_correction none")
+            raise ValueError(f"reward_aggregation {self.reward_aggregation} works on per-reward (or per-constraint) "
+                             "advantages of the plain policy; use it with importance_correction none")
+        if self.reward_aggregation == "locu":
+            if self.locu_max_words is None:
+                raise ValueError("reward_aggregation locu needs a constraint: set locu_max_words (mean completion "
+                                 "words <= L)")
+            if not self.locu_max_words > 0:
+                raise ValueError(f"locu_max_words must be > 0, got {self.locu_max_words}")
+            if not self.locu_trust_radius > 0:
+                raise ValueError(f"locu_trust_radius must be > 0, got {self.locu_trust_radius}")
+            if self.max_grad_norm and 0 < self.max_grad_norm < self.locu_trust_radius:
+                import warnings
+
+                warnings.warn(f"max_grad_norm {self.max_grad_norm:g} < locu_trust_radius {self.locu_trust_radius:g}: "
+                              "gradient clipping will shorten the LOCU steps", stacklevel=2)
+        elif self.locu_max_words is not None:
+            raise ValueError(f"locu_max_words is a constraint of reward_aggregation locu, but reward_aggregation is "
+                             f"{self.reward_aggregation}: set --reward_aggregation locu or unset locu_max_words")
         if self.mode != "grpo" and self.use_vllm:
             raise ValueError("VSPO steers rollouts with a forward hook on the training model, which vLLM "
                              "rollouts bypass: set use_vllm false (or mode grpo)")

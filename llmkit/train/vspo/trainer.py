@@ -34,6 +34,25 @@ direction that improves no reward at the expense of another to first order. Per-
 weights are logged as ``jd/loss/<reward>`` and ``jd/weight/<reward>``. Single process only (the aggregated
 gradient is written outside DDP's reducer); each micro-batch is aggregated on its own.
 
+Constraints (``reward_aggregation: locu``, ``locu_max_words: L``): instead of a length-penalty reward, the
+constraint "mean completion words <= L" is handled by LOCU (``llmkit.optim.constrained.locu_step``; paper:
+../shared/seeds/004_ead6308da16bc4ed.txt). Per micro-batch, from one forward pass: g = -grad of GRPO's loss on
+the summed weighted advantages (the reward to increase); c = mean words - L (satisfied where <= 0); b = grad of
+mean_i A_i log pi(y_i), with A_i the leave-one-out word advantage in its group (w_i minus the mean of the other
+rollouts' words), a REINFORCE estimate of grad E[words], so that moving against b shortens completions and
+c + b^T s is the linearised constraint after a step s. LOCU solves max g^T s s.t. c + b^T s <= 0, ||s|| <= radius
+(``locu_trust_radius``), or, when that is infeasible, takes the descent step on c. The step is written as
+.grad = -s / accumulation steps (the optimizer descends .grad, so optim sgd at lr 1 applies exactly +s). Logged:
+``locu/constraint_value``, ``locu/mean_words``, ``locu/predicted_value`` (c + b^T s), ``locu/step_norm``,
+``locu/active`` (the constraint shaped the step), ``locu/recover`` (infeasible linearisation),
+``locu/reward_gain`` (g^T s). Deviations: the Fisher is the identity (a d x d Fisher of the policy is never
+formed), so the trust region is Euclidean in parameter space and ``locu_step`` runs on the coordinates of g
+and b in an orthonormal basis of their span (the same step, see ``locu_step_in_span``); b uses the
+whole-sequence log-probability of the unsteered policy (like the GRPO loss here, steered rows are treated as
+on-policy); single process only, as upgrad. Caveat: b is estimated from a few rollouts, and in millions of
+dimensions such an estimate is mostly noise, so ||b|| overstates how fast the mean length moves and the
+step that just reaches the linearised boundary is short; the constraint is re-linearised every step.
+
 Deviations from the paper: the intensity schedule (linspace/uniform spread, linear/cosine annealing) is
 our reading of "varying steering intensities"; steering is applied at every position of prompt and
 completion (activation addition) at the configured layers; rollouts use transformers generation (the hook
@@ -76,6 +95,83 @@ def group_alphas(num_generations: int, top: float, spread: str, generator: torch
     return a
 
 
+def leave_one_out_advantages(values: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``values[i]`` minus the mean of the other members of its group (groups: consecutive runs of
+    ``group_size``). With these advantages ``mean_i A_i grad log pi(y_i)`` is an unbiased estimate of
+    ``grad E[value]`` (RLOO baseline). Groups of one get 0."""
+    v = values.float().reshape(-1, group_size)
+    if group_size < 2:
+        return torch.zeros_like(values, dtype=torch.float32)
+    others = (v.sum(dim=1, keepdim=True) - v) / (group_size - 1)
+    return (v - others).reshape(-1)
+
+
+def _flat(grads, params) -> torch.Tensor:
+    """Concatenated gradients, in float32 (float64 if a parameter is float64)."""
+    dtype = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
+    return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).to(dtype)
+                      for g, p in zip(grads, params)])
+
+
+def locu_step_in_span(reward_grad: torch.Tensor, constraint_grads: torch.Tensor, constraint_values: torch.Tensor,
+                      trust_radius: float, chunk: int = 1 << 22):
+    """``locu_step(reward_grad, constraint_grads, constraint_values, None, trust_radius, return_info=True)``
+    computed in an orthonormal basis of span{g, b_1..b_m}.
+
+    With the identity as Fisher, LOCU's problem sees the d-vectors only through their Gram matrix K (all its
+    steps, from screening to the Pareto-descent direction, work on K, and the step lies in the span), so
+    calling ``locu_step`` on the (m+1)-dimensional coordinates ``W^T K`` (``W = E lam^-1/2`` from K's
+    eigendecomposition, so that ``Q = U^T W`` is orthonormal) and mapping the step back with Q gives the same
+    step, without float64 copies of the d-vectors (for a 135M-parameter policy those cost more than the step).
+    Returns (step [d] in ``reward_grad``'s dtype, LocuInfo)."""
+    from llmkit.optim.constrained import locu_step
+
+    U = torch.cat([reward_grad.reshape(1, -1), constraint_grads.reshape(constraint_grads.shape[0], -1)], 0)
+    K = torch.zeros(U.shape[0], U.shape[0], dtype=torch.float64)
+    for part in U.split(chunk, dim=1):                                # float64 accumulation across chunks
+        K += (part @ part.T).to(torch.float64).cpu()
+    K = 0.5 * (K + K.T)
+    lam, E = torch.linalg.eigh(K)
+    keep = lam > 1e-12 * max(float(lam.max()), 1e-300)
+    if not bool(keep.any()):                                          # every gradient is zero: nothing moves
+        keep = torch.zeros_like(keep)
+        keep[-1] = True
+        W = torch.zeros(U.shape[0], 1, dtype=torch.float64)
+    else:
+        W = E[:, keep] / lam[keep].sqrt()
+    coords = W.T @ K                                                  # column j: Q^T u_j
+    z, info = locu_step(coords[:, 0], coords[:, 1:].T, torch.as_tensor(constraint_values, dtype=torch.float64),
+                        None, float(trust_radius), return_info=True)
+    coef = (W @ z).to(U.dtype).to(U.device)
+    step = coef @ U
+    norm = float(step.double().norm())
+    if norm > trust_radius:                                           # float32 rounding in the map back
+        step = step * (trust_radius / norm)
+    return step.to(reward_grad.dtype), info
+
+
+def locu_constrained_step(params: list[torch.Tensor], reward_loss: torch.Tensor, constraint_surrogate: torch.Tensor,
+                          constraint_value: float, trust_radius: float, grad_scale: float = 1.0):
+    """One LOCU step for one constraint, written into ``.grad``.
+
+    ``reward_loss``: a loss whose descent increases the reward (its negated gradient is LOCU's reward gradient
+    g). ``constraint_surrogate``: a scalar whose gradient b is the constraint's gradient (the constraint grows
+    along +b). ``constraint_value``: c, satisfied where <= 0. Solves ``max g^T s`` s.t. ``c + b^T s <= 0`` and
+    ``||s|| <= trust_radius`` (identity Fisher; ``locu_step_in_span``), then adds ``-grad_scale * s`` to each
+    parameter's ``.grad`` (so a descent optimizer moves along +s). Returns (s, LocuInfo)."""
+    g = -_flat(torch.autograd.grad(reward_loss, params, retain_graph=True, allow_unused=True), params)
+    b = _flat(torch.autograd.grad(constraint_surrogate, params, allow_unused=True), params)
+    step, info = locu_step_in_span(g, b[None], torch.tensor([float(constraint_value)]), trust_radius)
+    del g, b
+    offset = 0
+    for p in params:
+        n = p.numel()
+        chunk = (-grad_scale * step[offset:offset + n]).view_as(p).to(p.dtype)
+        p.grad = chunk if p.grad is None else p.grad + chunk
+        offset += n
+    return step, info
+
+
 class VSPOTrainer(LlmkitOptimTrainerMixin, GRPOTrainer):
     """``GRPOTrainer`` with steered rollouts. ``steering_vector`` may be None only when ``args.alpha_max == 0``
     or ``args.mode == 'grpo'`` (then it is plain GRPO through the same code path)."""
@@ -92,8 +188,9 @@ class VSPOTrainer(LlmkitOptimTrainerMixin, GRPOTrainer):
                 raise ValueError("VSPO steers transformers generation; disable use_vllm and continuous batching")
             check_compatible(self.accelerator.unwrap_model(self.model), steering_vector)
         self._alpha_gen = torch.Generator().manual_seed(int(cfg.seed))
-        if getattr(cfg, "reward_aggregation", "sum") != "sum" and self.accelerator.num_processes > 1:
-            raise ValueError("reward_aggregation upgrad runs in a single process (its gradient bypasses DDP's "
+        agg = getattr(cfg, "reward_aggregation", "sum")
+        if agg != "sum" and self.accelerator.num_processes > 1:
+            raise ValueError(f"reward_aggregation {agg} runs in a single process (its gradient bypasses DDP's "
                              "all-reduce); use reward_aggregation sum for multi-process runs")
         self._current_alphas: torch.Tensor | None = None
 
@@ -140,9 +237,20 @@ class VSPOTrainer(LlmkitOptimTrainerMixin, GRPOTrainer):
         self._metrics[mode]["vspo/alpha_mean"].append(float(alphas.mean()))
         self._metrics[mode]["vspo/steered_fraction"].append(float((alphas > 0).float().mean()))
         self._log_reward_by_steering(alphas.to(device), mode)
+        words = getattr(self, "_last_completion_words", None)
+        if words:  # mean completion length in words (what locu_max_words constrains), for every aggregation
+            self._metrics[mode]["vspo/mean_words"].append(sum(words) / len(words))
         if self._steering_on and mode == "train" and self.args.importance_correction != "none" and (alphas > 0).any():
             self._apply_importance_correction(out, alphas.to(device), mode)
-        if getattr(self.args, "reward_aggregation", "sum") != "sum":
+        agg = getattr(self.args, "reward_aggregation", "sum")
+        if agg == "locu" and mode == "train":
+            words = getattr(self, "_last_completion_words", None)
+            n = out["completion_ids"].shape[0]
+            if words is not None and len(words) == n:
+                w = torch.tensor(words, dtype=torch.float32, device=device)
+                out["locu_words"] = w
+                out["locu_length_advantages"] = leave_one_out_advantages(w, self.num_generations)
+        if agg == "upgrad":
             adv = self.per_reward_advantages(getattr(self, "_last_rewards_per_func", None), mode)
             if adv is not None:
                 n = out["completion_ids"].shape[0]
@@ -173,14 +281,9 @@ class VSPOTrainer(LlmkitOptimTrainerMixin, GRPOTrainer):
         adv = adv.view(-1, r.shape[1]) * self.reward_weights.to(adv.device).unsqueeze(0)
         return torch.nan_to_num(adv, nan=0.0)
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        adv = inputs.get("advantages_per_reward") if isinstance(inputs, dict) else None
-        if getattr(self.args, "reward_aggregation", "sum") == "sum" or adv is None or not model.training:
-            return super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                        num_items_in_batch=num_items_in_batch)
-        from llmkit.optim import jd
-
-        # one forward pass: the K losses reuse the same per-token log-probabilities (and graph)
+    def _with_cached_logps(self, fn):
+        """Run ``fn()`` with the per-token log-probabilities computed once (later calls reuse the same graph).
+        Returns (fn's result, the cached (logps, entropies, aux) tuple or None)."""
         real = self._get_per_token_logps_and_entropies
         cache: dict = {}
 
@@ -191,17 +294,35 @@ class VSPOTrainer(LlmkitOptimTrainerMixin, GRPOTrainer):
 
         self._get_per_token_logps_and_entropies = cached
         try:
-            losses = [super(VSPOTrainer, self).compute_loss(model, {**inputs, "advantages": adv[:, k]},
-                                                            num_items_in_batch=num_items_in_batch)
-                      for k in range(adv.shape[1])]
+            return fn(), cache.get("v")
         finally:
             del self._get_per_token_logps_and_entropies
-        # the Trainer divides the returned loss by the accumulation steps before backward; do the same here
+
+    def _ga_scale(self, num_items_in_batch) -> float:
+        """The Trainer divides the returned loss by the accumulation steps before backward; gradients written
+        directly must be scaled the same way."""
         scaled = getattr(self, "loss_is_scaled_for_ga", None)
         if scaled is None:
             scaled = (self.model_accepts_loss_kwargs and num_items_in_batch is not None) \
                 or self.compute_loss_func is not None
-        scale = 1.0 if scaled else 1.0 / self.current_gradient_accumulation_steps
+        return 1.0 if scaled else 1.0 / self.current_gradient_accumulation_steps
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        agg = getattr(self.args, "reward_aggregation", "sum")
+        if agg == "locu" and model.training and isinstance(inputs, dict) and "locu_words" in inputs:
+            return self._compute_locu_loss(model, inputs, num_items_in_batch)
+        adv = inputs.get("advantages_per_reward") if isinstance(inputs, dict) else None
+        if agg != "upgrad" or adv is None or not model.training:
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+        from llmkit.optim import jd
+
+        # one forward pass: the K losses reuse the same per-token log-probabilities (and graph)
+        losses, _ = self._with_cached_logps(
+            lambda: [super(VSPOTrainer, self).compute_loss(model, {**inputs, "advantages": adv[:, k]},
+                                                           num_items_in_batch=num_items_in_batch)
+                     for k in range(adv.shape[1])])
+        scale = self._ga_scale(num_items_in_batch)
         params = [p for p in model.parameters() if p.requires_grad]
         weights = jd.backward_with_weights([loss * scale for loss in losses], params,
                                            aggregator=self.args.reward_aggregation,
@@ -214,7 +335,40 @@ class VSPOTrainer(LlmkitOptimTrainerMixin, GRPOTrainer):
         # gradients are already in .grad: hand back a graph-free leaf so the Trainer's backward adds nothing
         return torch.stack([loss.detach() for loss in losses]).sum().requires_grad_()
 
+    def _compute_locu_loss(self, model, inputs, num_items_in_batch):
+        """LOCU step for "mean completion words <= locu_max_words" (see the module docstring), into .grad."""
+        loss, cached = self._with_cached_logps(
+            lambda: super(VSPOTrainer, self).compute_loss(model, inputs, num_items_in_batch=num_items_in_batch))
+        logps = cached[0]                                               # (B, T), on the graph of `loss`
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        seq_logp = (logps * mask).sum(-1)                              # log pi(y_i) of the whole completion
+        adv_len = inputs["locu_length_advantages"].to(seq_logp.dtype)
+        surrogate = (adv_len * seq_logp).mean()                        # grad: REINFORCE estimate of grad E[words]
+        words = inputs["locu_words"].float()
+        c = float(words.mean()) - float(self.args.locu_max_words)
+        params = [p for p in model.parameters() if p.requires_grad]
+        # each micro-batch adds its own step / accumulation steps: the optimizer step is their mean, inside the ball
+        step, info = locu_constrained_step(params, loss, surrogate, c, self.args.locu_trust_radius,
+                                           grad_scale=1.0 / self.current_gradient_accumulation_steps)
+        predicted = info.predicted_values[0] if info.predicted_values else c
+        binding = 0 in info.kept and abs(predicted) <= 1e-6 * (1.0 + abs(c))
+        m = self._metrics["train"]
+        m["locu/constraint_value"].append(c)
+        m["locu/mean_words"].append(float(words.mean()))
+        m["locu/satisfied"].append(float(c <= 0))
+        m["locu/predicted_value"].append(float(predicted))
+        m["locu/step_norm"].append(float(step.norm()))
+        m["locu/active"].append(float(binding or info.mode == "recover"))
+        m["locu/recover"].append(float(info.mode == "recover"))
+        m["locu/reward_gain"].append(float(info.reward_gain))
+        return loss.detach().requires_grad_()
+
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        from llmkit.rewards.behaviors import completion_text, word_count
+
+        self._last_completion_words = [word_count(completion_text(c)) for c in completions]  # local rows
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards_per_func = rewards  # gathered over processes, (global B, num funcs)
         return rewards
