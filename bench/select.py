@@ -14,8 +14,13 @@ Figures (ratios / rates measured in the same run):
   generation settings of the bundled model on a GSM8K-derived one-step arithmetic subset (the
   construction of bench/ldp_cache.py, on which the model is not at 0%), graded by the GSM8K grader: each
   arm's answer to every problem is generated once (that is the full evaluation), then the top-two rule is
-  run over seeds reading those answers; the ratio is distinct (arm, problem) answers it used / all of them,
-  and select_winner_match_rate says how often it named the full evaluation's winner.
+  run over seeds reading those answers through ``llmkit.selection.TableScorer``, which spends them the way
+  the CLI's ``EngineScorer`` does: a miss generates that problem and the arm's next upcoming ones together,
+  ``--batch-size`` (= lookahead, CLI default 8; ``select_lookahead`` in the JSON) at most, and every answer
+  so generated counts as spent. The ratio is those answers / all of them (what ``llmkit select
+  --batch-size 8`` would have generated); ``select_evals_vs_full_no_lookahead`` is the same runs counting
+  only the answers the rule actually read (``--batch-size 1``). select_winner_match_rate says how often it
+  named the full evaluation's winner.
 
     .venv/bin/python bench/select.py [--quick] [--skip-model]
 """
@@ -42,11 +47,11 @@ if __name__ == "select":
 else:
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-import argparse  # noqa: E402
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import time  # noqa: E402
+import argparse
+import importlib.util
+import json
+import math
+import time
 
 import numpy as np
 
@@ -96,7 +101,12 @@ def bisection_figures(seeds: int) -> dict:
 
 
 def es_figures(seeds: int) -> dict:
-    from llmkit.optim.es import RiemannianOnePlusOneES, cma_minimize, euclidean_one_plus_one_es, sparse_pca_problem
+    from llmkit.optim.es import (
+        RiemannianOnePlusOneES,
+        cma_minimize,
+        euclidean_one_plus_one_es,
+        sparse_pca_problem,
+    )
 
     out = {"riemannian": [], "euclidean": [], "cma": []}
     for s in range(seeds):
@@ -135,15 +145,23 @@ SETTINGS = [  # three generation settings of the bundled model that should diffe
 ]
 
 
+def _cli_batch_size(register) -> int:
+    """``llmkit select``'s default --batch-size (its lookahead), read from the parser itself."""
+    ap = argparse.ArgumentParser()
+    register(ap.add_subparsers())
+    return int(ap.parse_args(["select"]).batch_size)
+
+
 def select_figures(n_problems: int, seeds: int) -> dict:
     spec = importlib.util.spec_from_file_location("_ldp_cache_bench", Path(__file__).resolve().parent / "ldp_cache.py")
     ldp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ldp)
     load_arith_problems = ldp.load_arith_problems
 
+    from llmkit.commands.select import register as _register_select
     from llmkit.engines import get_engine
     from llmkit.evals import get_task
-    from llmkit.selection import EngineScorer, arms_from_config, select_best
+    from llmkit.selection import EngineScorer, TableScorer, arms_from_config, select_best
 
     data = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
     problems = [{"question": p["question"], "answer": f"#### {p['gold']}"}
@@ -157,9 +175,16 @@ def select_figures(n_problems: int, seeds: int) -> dict:
     scorer.close()
     full_acc = table.mean(1)
     full_winner = int(np.argmax(full_acc))
-    runs = [select_best(lambda a, i, *_: float(table[a, i]), len(arms), n_problems, delta=0.05, seed=s)
-            for s in range(seeds)]
+    lookahead = _cli_batch_size(_register_select)
+    runs, bare = [], []
+    for s in range(seeds):
+        sc = TableScorer(table, lookahead=lookahead)  # the CLI's lookahead batching and cost accounting
+        runs.append(select_best(sc.score, len(arms), n_problems, delta=0.05, seed=s,
+                                generated=lambda sc=sc: len(sc.cache)))
+        bare.append(select_best(lambda a, i, *_: float(table[a, i]), len(arms), n_problems, delta=0.05, seed=s))
     return {"select_evals_vs_full": float(np.mean([r["evals_vs_full"] for r in runs])),
+            "select_lookahead": lookahead,
+            "select_evals_vs_full_no_lookahead": float(np.mean([r["evals_vs_full"] for r in bare])),
             "select_winner_match_rate": float(np.mean([r["winner"] == full_winner for r in runs])),
             "select_stopped_rate": float(np.mean([r["stopped"] for r in runs])),
             "select_full_accuracy": {a.name: float(v) for a, v in zip(arms, full_acc)},
@@ -185,7 +210,9 @@ def main():
               flush=True)
     if not args.skip_model:
         res.update(select_figures(args.problems or (30 if q else 60), 20))
-        print(f"select: evals_vs_full={res['select_evals_vs_full']:.3f}, winner match "
+        print(f"select: evals_vs_full={res['select_evals_vs_full']:.3f} (CLI lookahead/batch "
+              f"{res['select_lookahead']}; {res['select_evals_vs_full_no_lookahead']:.3f} counting only answers "
+              f"read), winner match "
               f"{res['select_winner_match_rate']:.2f}, full accuracies {res['select_full_accuracy']}", flush=True)
     else:
         res["select_evals_vs_full"] = None
@@ -212,7 +239,8 @@ def main():
         print(f"plot skipped: {e}", file=sys.stderr)
     keys = ["tci_correct_rate", "tci_samples_vs_uniform", "bisection_success_rate", "es_sphere_success_rate",
             "bts_vs_random_regret_ratio", "select_evals_vs_full"]
-    extra = ["select_winner_match_rate"] if "select_winner_match_rate" in res else []
+    extra = ([k for k in ("select_lookahead", "select_evals_vs_full_no_lookahead", "select_winner_match_rate")
+              if k in res])
     print(json.dumps({k: res.get(k) for k in keys + extra}))
 
 

@@ -105,3 +105,61 @@ def test_tune_user_errors(tmp_path):
     f = tmp_path / "obj.py"
     f.write_text(OBJ)
     assert main(["tune", "--param", "a", "--range", "5,1", "--objective", f"{f}:quad"]) == 2
+    assert main(["tune", "--param", "v", "--sphere", "3", "--method", "bisection", "--objective", f"{f}:vec"]) == 2
+
+
+def test_tune_explicit_budget_is_honoured_in_1d(tmp_path):
+    """--budget 40 (the bo/es default value) typed explicitly caps the 1-D search; without it there is no cap."""
+    f = tmp_path / "obj.py"
+    f.write_text(OBJ)
+    base = ["tune", "--param", "alpha", "--range", "0,16", "--objective", f"{f}:quad", "--eps", "0.5",
+            "--sigma", "0.2"]
+    assert main(base + ["--out", str(tmp_path / "free")]) == 0
+    free = json.loads((tmp_path / "free" / "result.json").read_text())
+    assert free["evaluations"] > 40 and free["budget"] is None  # this search needs more than 40
+    for b in ("40", "12"):
+        out = tmp_path / f"cap{b}"
+        assert main(base + ["--budget", b, "--out", str(out)]) == 0
+        res = json.loads((out / "result.json").read_text())
+        assert 0 < res["evaluations"] <= int(b) and res["budget"] == int(b)
+        assert len((out / "evals.jsonl").read_text().splitlines()) == res["evaluations"]
+
+
+def test_tune_bo_default_budget_still_40(tmp_path):
+    f = tmp_path / "obj.py"
+    f.write_text(OBJ)
+    assert main(["tune", "--param", "a", "--range=-3,3", "--param", "b", "--range=-3,3", "--objective",
+                 f"{f}:two", "--batch-size", "8", "--out", str(tmp_path / "bo")]) == 0
+    res = json.loads((tmp_path / "bo" / "result.json").read_text())
+    assert res["evaluations"] == 40 and res["budget"] == 40
+
+
+@pytest.mark.parametrize("argv", [
+    ["select", "--models", "a,b", "--delta", "1"],
+    ["select", "--models", "a,b", "--beta", "1"],
+    ["select", "--models", "a,b", "--delta", "0"],
+    ["select", "--models", "a,b", "--beta", "1.5"],
+    ["tune", "--param", "a", "--range", "0,1", "--objective", "m:f", "--delta", "1"],
+    ["tune", "--param", "a", "--range", "0,1", "--objective", "m:f", "--delta", "0"],
+    ["tune", "--param", "a", "--range", "0,1", "--objective", "m:f", "--sigma", "0"],
+    ["tune", "--param", "a", "--range", "0,1", "--objective", "m:f", "--eps", "-1"],
+])
+def test_open_interval_flags_are_argparse_errors(argv, capsys):
+    """delta / beta must lie in (0, 1) (TopTwoEBTCI, localize_minimizer): argparse says so, exit 2, no traceback."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    flag = next(a for a in argv if a in ("--delta", "--beta", "--sigma", "--eps"))
+    assert f"argument {flag}" in err and "Traceback" not in err
+
+
+def test_open_unit_float():
+    import argparse
+
+    from llmkit.cli_types import open_unit_float
+
+    assert open_unit_float("0.05") == 0.05 and open_unit_float("0.999") == 0.999
+    for bad in ("0", "1", "1.0", "-0.1", "2", "nan", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            open_unit_float(bad)

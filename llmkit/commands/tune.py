@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from llmkit.cli_types import positive_int, unit_float
+from llmkit.cli_types import open_unit_float, positive_float, positive_int
+
+BUDGET_DEFAULT = 40  # evaluations for bo / es when --budget is not given (1-D: no cap then)
 
 
 def register(sub):
@@ -19,10 +21,12 @@ def register(sub):
     p.add_argument("--objective", required=True, help="module:function or path/file.py:function")
     p.add_argument("--maximize", action="store_true")
     p.add_argument("--method", choices=["auto", "bisection", "bo", "es"], default="auto")
-    p.add_argument("--eps", type=float, default=None, help="1-D: precision (default 1%% of the range)")
-    p.add_argument("--delta", type=unit_float, default=0.1)
-    p.add_argument("--sigma", type=float, default=1.0, help="1-D: noise scale of the objective")
-    p.add_argument("--budget", type=positive_int, default=40, help="evaluations for bo / es (1-D: a cap)")
+    p.add_argument("--eps", type=positive_float, default=None, help="1-D: precision (default 1%% of the range)")
+    p.add_argument("--delta", type=open_unit_float, default=0.1, help="1-D: error probability in (0, 1) (default 0.1)")
+    p.add_argument("--sigma", type=positive_float, default=1.0, help="1-D: noise scale of the objective")
+    p.add_argument("--budget", type=positive_int, default=None,
+                   help=f"evaluations for bo / es (default {BUDGET_DEFAULT}); 1-D: a cap on evaluations "
+                   "(default: none, the search runs to its guarantee)")
     p.add_argument("--batch-size", type=positive_int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="tune-run", help="folder for evals.jsonl and result.json")
@@ -59,6 +63,8 @@ def run(args) -> int:
         if len(names) != 1:
             raise UserError("--sphere takes exactly one --param")
         method = "es" if method == "auto" else method
+        if method != "es":
+            raise UserError(f"--sphere is tuned with --method es (auto), not {method}")
     else:
         if len(args.range) != len(names):
             raise UserError(f"give one --range lo,hi per --param ({len(names)} params, {len(args.range)} ranges)")
@@ -72,6 +78,8 @@ def run(args) -> int:
                 raise UserError(f"--range '{r}': need lo < hi")
             bounds.append((lo, hi))
         method = ("bisection" if len(names) == 1 else "bo") if method == "auto" else method
+    # bo / es need a budget (default BUDGET_DEFAULT); bisection treats --budget as an optional cap
+    budget = args.budget if args.budget is not None else BUDGET_DEFAULT
     try:
         if method == "es":
             from llmkit.optim.es import RiemannianOnePlusOneES
@@ -81,7 +89,7 @@ def run(args) -> int:
             x0 = np.random.default_rng(args.seed).standard_normal(args.sphere)
             x0 /= np.linalg.norm(x0)
             es = RiemannianOnePlusOneES("sphere", 0.3 / np.sqrt(args.sphere), seed=args.seed)
-            x, fx, _ = es.minimize(lambda v: call({names[0]: v}), x0, args.budget)
+            x, fx, _ = es.minimize(lambda v: call({names[0]: v}), x0, budget)
             best = {names[0]: np.asarray(x).tolist()}
         elif method == "bisection":
             if len(names) != 1:
@@ -90,20 +98,21 @@ def run(args) -> int:
 
             lo, hi = bounds[0]
             eps = args.eps or 0.01 * (hi - lo)
-            x, n = localize_minimizer(lambda v: call({names[0]: v}), lo, hi, eps, args.delta,
-                                      max_evals=args.budget if args.budget != 40 else None, sigma=args.sigma)
+            x, _ = localize_minimizer(lambda v: call({names[0]: v}), lo, hi, eps, args.delta,
+                                      max_evals=args.budget, sigma=args.sigma)
             best = {names[0]: float(x)}
             fx = None
         else:
             from llmkit.optim.bo import BatchedThompsonSampling, run_ask_tell
 
             opt = BatchedThompsonSampling(bounds, args.batch_size, seed=args.seed)
-            x, fx, _ = run_ask_tell(opt, lambda p: call(dict(zip(names, p))), args.budget)
+            x, fx, _ = run_ask_tell(opt, lambda p: call(dict(zip(names, p))), budget)
             best = dict(zip(names, x))
     finally:
         bar.close()
     res = {"method": method, "best": best, "value": None if fx is None else sign * fx, "evaluations": log.i,
-           "replayed": log.replayed, "objective": args.objective, "maximize": args.maximize}
+           "budget": budget if method != "bisection" else args.budget, "replayed": log.replayed,
+           "objective": args.objective, "maximize": args.maximize}
     (out / "result.json").write_text(json.dumps(res, indent=2))
     print(f"best ({method}): " + ", ".join(f"{k}={v if not isinstance(v, list) else '[...]'}" for k, v in best.items())
           + ("" if fx is None else f"; objective {sign * fx:.6g}"))
