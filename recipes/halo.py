@@ -1,7 +1,7 @@
 """HALO layer unfreezing for SFT or distillation; the same as `llmkit train halo`.
 
     python recipes/halo.py --config recipes/configs/halo/tiny_cpu.yaml [--key value ...]
-    accelerate launch --num_processes 2 --cpu recipes/halo.py --config recipes/configs/halo/tiny_cpu.yaml
+    accelerate launch --multi_gpu --num_processes 2 recipes/halo.py --config recipes/configs/halo/tiny_cpu.yaml
 
 The method lives in llmkit/train/halo/; this script only parses the config and calls it.
 """

@@ -1,7 +1,7 @@
 """HG-MS data-source reweighting (or a baseline); the same as `llmkit train hgms`.
 
     python recipes/hgms.py --config recipes/configs/hgms/tiny_cpu.yaml [--key value ...]
-    accelerate launch --num_processes 2 --cpu recipes/hgms.py --config recipes/configs/hgms/tiny_cpu.yaml
+    accelerate launch --multi_gpu --num_processes 2 recipes/hgms.py --config recipes/configs/hgms/tiny_cpu.yaml
 
 The method lives in llmkit/train/hgms/; this script only parses the config and calls it.
 """

@@ -1,7 +1,7 @@
 """Zeroth-order finetuning of INT4/INT2 models (LQZO, QZO, MeZO); the same as `llmkit train lqzo`.
 
     python recipes/lqzo.py --config recipes/configs/lqzo/tiny_cpu.yaml [--key value ...]
-    accelerate launch --num_processes 2 --cpu recipes/lqzo.py --config recipes/configs/lqzo/tiny_cpu.yaml
+    accelerate launch --multi_gpu --num_processes 2 recipes/lqzo.py --config recipes/configs/lqzo/tiny_cpu.yaml
 
 The method lives in llmkit/train/lqzo/; this script only parses the config and calls it.
 """

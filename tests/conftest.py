@@ -88,3 +88,44 @@ def bundled():
     from llmkit.models import load
 
     return load("smollm2-135m-instruct")
+
+
+class Launch:
+    """One ``accelerate launch`` run: exit code, output, and the world size the Trainer really ran with."""
+
+    def __init__(self, proc, out: Path):
+        self.returncode, self.stdout, self.stderr, self.out = proc.returncode, proc.stdout, proc.stderr, out
+
+    @property
+    def world_size(self) -> int:
+        """From the last checkpoint: the Trainer saves ``rng_state.pth`` alone, ``rng_state_<rank>.pth`` per rank."""
+        ckpts = sorted(self.out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+        assert ckpts, f"no checkpoint-* in {self.out}: the world size cannot be read"
+        per_rank = list(ckpts[-1].glob("rng_state_*.pth"))
+        return len(per_rank) if per_rank else int((ckpts[-1] / "rng_state.pth").is_file())
+
+
+@pytest.fixture()
+def accelerate_cpu_launch(repo_root):
+    """``launch(script, *args, out=DIR)`` runs a recipe under ``accelerate launch`` with 2 real CPU processes (gloo).
+
+    ``accelerate launch --cpu --num_processes 2`` starts ONE process unless mpirun and a hostfile are set up
+    (accelerate's simple launcher), so this uses accelerate's torchrun launcher (``--multi_gpu``): it starts
+    the processes and sets RANK/WORLD_SIZE; the recipe configs' ``use_cpu: true`` then makes accelerate pick
+    MULTI_CPU with the gloo backend. The README's scale-out section shows the same command.
+    """
+    import subprocess
+    import sys
+
+    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
+
+    def launch(script: str, *args: str, out: Path, num_processes: int = 2, timeout: float = 600) -> Launch:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+        cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", str(num_processes), "--num_machines", "1",
+               "--main_process_port", "0", "--mixed_precision", "no", "--dynamo_backend", "no",
+               script, *map(str, args), "--output_dir", str(out)]
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=repo_root, env=env,
+                              timeout=timeout)
+        return Launch(proc, Path(out))
+
+    return launch

@@ -130,36 +130,34 @@ def test_old_data_field_names_still_work_with_a_deprecation(repo_root, tmp_path)
         parse_method_args("halo", base + ["--train_data", "x.jsonl", "--dataset_name", "z.jsonl"])
 
 
-# recipes/<method>.py under `accelerate launch` with 2 CPU processes (HALO's and HG-MS's own tests cover theirs)
+# recipes/<method>.py under `accelerate launch` with 2 CPU processes (HALO's and HG-MS's own tests cover theirs):
+# (extra args, result file, a line only the main process prints, side work that must run once)
 ACCELERATE = {
     "vspo": (["--dataset_name", "{slice}", "--eval_path", "{slice}", "--eval_num_problems", "2"],
-             "eval.json", "saved "),
+             "eval.json", "results: ", ("eval before", "eval after")),
     "lqzo": (["--dataset_name", "{slice}", "--eval_data", "{slice}", "--max_eval_samples", "2",
-              "--accuracy_samples", "4"], "lqzo_results.json", "[lqzo] lqzo:"),
-    "smith": ([], "eval.json", "saved "),
+              "--accuracy_samples", "4"], "lqzo_results.json", "[lqzo] results:", ("[lqzo] lqzo:",)),
+    "smith": (["--eval_n", "1", "--eval_before", "true", "--eval_max_new_tokens", "8"],
+              "eval.json", "pool: ", ("eval before", "eval after")),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(ACCELERATE))
-def test_two_process_accelerate_launch_on_cpu(method, repo_root, tmp_path, gsm8k_slice):
-    import os
-    import subprocess
-    import sys
-
-    args, result_file, main_only_line = ACCELERATE[method]
-    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+def test_two_process_accelerate_launch_on_cpu(method, tmp_path, gsm8k_slice, accelerate_cpu_launch):
+    args, result_file, main_only_line, once = ACCELERATE[method]
     out = tmp_path / "out"
-    r = subprocess.run([accelerate, "launch", "--num_processes", "2", "--num_machines", "1", "--cpu",
-                        "--mixed_precision", "no", "--dynamo_backend", "no", f"recipes/{method}.py",
-                        "--config", f"recipes/configs/{method}/tiny_cpu.yaml", "--output_dir", str(out),
-                        *[a.replace("{slice}", str(gsm8k_slice)) for a in args]],
-                       check=False, capture_output=True, text=True, cwd=repo_root, env=env, timeout=600)
+    r = accelerate_cpu_launch(f"recipes/{method}.py", "--config", f"recipes/configs/{method}/tiny_cpu.yaml",
+                              *[a.replace("{slice}", str(gsm8k_slice)) for a in args], out=out)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert (out / result_file).is_file()
-    # side work ran once (printed by the main process only)
-    assert r.stdout.count("eval before") <= 1 and r.stdout.count(main_only_line) == 1
+    assert r.world_size == 2, r.stderr[-3000:]  # really two ranks: each saved its own rng_state_<rank>.pth
+    res = json.loads((out / result_file).read_text())
+    if method in ("lqzo", "smith"):  # they also record it in their results
+        assert res["world_size"] == 2
+    # side work (evaluations, plots, the results file) ran once, on the main process
+    assert r.stdout.count(main_only_line) == 1, r.stdout[-3000:]
+    for line in once:
+        assert r.stdout.count(line) == 1, (line, r.stdout[-3000:])
 
 
 @pytest.mark.parametrize("name", ["multi_gpu", "zero2", "zero3"])

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -263,20 +260,19 @@ def test_cli_rejects_unknown_schedule(repo_root, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_two_process_accelerate_launch_on_cpu(repo_root, tmp_path, gsm8k_slice):
-    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([accelerate, "launch", "--num_processes", "2", "--num_machines", "1", "--cpu",
-                        "--mixed_precision", "no", "--dynamo_backend", "no",
-                        "recipes/halo.py", "--config", "recipes/configs/halo/tiny_cpu.yaml",
-                        "--dataset_name", str(gsm8k_slice), "--forget_data", str(gsm8k_slice),
-                        "--per_device_train_batch_size", "1", "--output_dir", str(tmp_path / "out")],
-                       check=False, capture_output=True, text=True, cwd=repo_root, env=env, timeout=300)
+def test_two_process_accelerate_launch_on_cpu(tmp_path, gsm8k_slice, accelerate_cpu_launch):
+    out = tmp_path / "out"
+    r = accelerate_cpu_launch("recipes/halo.py", "--config", "recipes/configs/halo/tiny_cpu.yaml",
+                              "--dataset_name", gsm8k_slice, "--forget_data", gsm8k_slice,
+                              "--per_device_train_batch_size", "1", out=out, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads((tmp_path / "out" / "halo_results.json").read_text())
+    assert r.world_size == 2, r.stderr[-3000:]
+    res = json.loads((out / "halo_results.json").read_text())
     assert res["global_step"] == 2
-    logs = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    logs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("halo_t" in r for r in logs)
+    assert len([x for x in logs if "loss" in x]) == 2  # one log line per step: the main process logs alone
+    assert r.stdout.count("[halo] results:") == 1 and r.stdout.count("[halo] SFT with schedule") == 1
 
 
 @pytest.mark.parametrize("name", ["tiny_cpu", "smollm2_gsm8k_sft", "smollm2_gsm8k_kd", "qwen2.5-1.5b_gsm8k_gpu"])

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -297,20 +294,18 @@ def test_shipped_configs_parse(repo_root, name):
 
 
 @pytest.mark.slow
-def test_two_process_accelerate_launch_on_cpu(repo_root, tmp_path, mixture):
+def test_two_process_accelerate_launch_on_cpu(tmp_path, mixture, accelerate_cpu_launch):
     clean, noisy = mixture
-    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([accelerate, "launch", "--num_processes", "2", "--num_machines", "1", "--cpu",
-                        "--mixed_precision", "no", "--dynamo_backend", "no",
-                        "recipes/hgms.py", "--config", "recipes/configs/hgms/tiny_cpu.yaml",
-                        "--sources", f"gsm8k={clean}", f"noisy={noisy}", "--target_data", str(clean),
-                        "--per_device_train_batch_size", "1", "--output_dir", str(tmp_path / "out")],
-                       check=False, capture_output=True, text=True, cwd=repo_root, env=env, timeout=600)
+    out = tmp_path / "out"
+    r = accelerate_cpu_launch("recipes/hgms.py", "--config", "recipes/configs/hgms/tiny_cpu.yaml",
+                              "--sources", f"gsm8k={clean}", f"noisy={noisy}", "--target_data", clean,
+                              "--per_device_train_batch_size", "1", out=out)
     assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads((tmp_path / "out" / "hgms_results.json").read_text())
+    assert r.world_size == 2, r.stderr[-3000:]
+    res = json.loads((out / "hgms_results.json").read_text())
     assert res["global_step"] == 2 and res["weight_updates"] == 2
-    assert sum(res["source_examples"].values()) == 2  # rank 0's share: 1 example per step
+    assert sum(res["source_examples"].values()) == 2  # rank 0's share: 1 example per step (of 2 per step)
+    assert r.stdout.count("[hgms] final weights:") == 1
 
 
 def test_llmkit_optimizer_by_name(repo_root, tmp_path, mixture):

@@ -11,6 +11,7 @@ ties broken by the earliest step.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -71,7 +72,7 @@ class ToolPool:
         else:
             f = self.path / f"{entry.id}.json"
             f.parent.mkdir(parents=True, exist_ok=True)
-            tmp = f.with_suffix(".tmp")
+            tmp = f.with_suffix(f".{os.getpid()}.tmp")  # per process: ranks of one run may add the same tool
             tmp.write_text(json.dumps(entry.to_dict(), indent=1))
             tmp.replace(f)
         return entry

@@ -11,6 +11,9 @@
   completions given their chat prompts -- a held-out / forgetting measure
   that does not depend on the trainer's own loss.
 * ``save_resolved_config(output_dir, *configs)``: the parsed dataclasses as YAML.
+* ``wait_for_everyone()``: a barrier across the processes of an ``accelerate launch`` run (a no-op in
+  one process); recipes do side work (evaluations, plots, results files) on the main process
+  (``training_args.process_index == 0``) and let the others wait for what it writes.
 * ``MetricsJsonlCallback``: every Trainer log line appended to ``metrics.jsonl``.
 * ``plot_curves`` / ``plot_metrics_file``: matplotlib PNGs of loss curves.
 """
@@ -202,6 +205,13 @@ def save_resolved_config(output_dir: str | Path, *configs, filename: str = "reso
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(merged, sort_keys=True))
     return path
+
+
+def wait_for_everyone() -> None:
+    """Block until every process of the run gets here (``accelerate launch`` / torchrun); no-op in one process."""
+    from accelerate import PartialState
+
+    PartialState().wait_for_everyone()
 
 
 class MetricsJsonlCallback(TrainerCallback):

@@ -119,8 +119,11 @@ def main(zo_args: LQZOArguments, training_args: LQZOConfig, model_args: ModelCon
         raise UserError(str(e)) from None
     max_len = training_args.max_length or 512
     bs = training_args.per_device_eval_batch_size
+    # the before/after measurements are side work: the main process runs them, the others go on to train
+    # (they wait for it at the trainer's first all-reduce) or finish
     before_fp = {}
-    if settings["quant_bits"] and eval_rows and not (Path(model_path) / "lqzo_quant.safetensors").is_file():
+    if (is_main and settings["quant_bits"] and eval_rows
+            and not (Path(model_path) / "lqzo_quant.safetensors").is_file()):
         before_fp = measure(model, tok, eval_rows, [], max_len, bs)
     try:
         what = prepare_quantized(model, model_path, settings, progress=is_main)
@@ -128,7 +131,7 @@ def main(zo_args: LQZOArguments, training_args: LQZOConfig, model_args: ModelCon
         raise UserError(f"cannot quantize {model_path}: {e}") from None
     if is_main:
         print(f"[lqzo] {what}", flush=True)
-    before = measure(model, tok, eval_rows, acc_rows, max_len, bs)
+    before = measure(model, tok, eval_rows, acc_rows, max_len, bs) if is_main else {}
 
     trainer = LQZOTrainer(model=model, args=training_args, train_dataset=train_ds, eval_dataset=eval_ds,
                           processing_class=tok, callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
@@ -137,13 +140,14 @@ def main(zo_args: LQZOArguments, training_args: LQZOConfig, model_args: ModelCon
     result = trainer.train(resume_from_checkpoint=_resume_arg(training_args.resume_from_checkpoint))
     wall = time.perf_counter() - start
     trainer.save_model()
-    after = measure(trainer.model, tok, eval_rows, acc_rows, max_len, bs)
 
     if is_main:
+        after = measure(trainer.model, tok, eval_rows, acc_rows, max_len, bs)
         mem = held_bytes(trainer.model)
         summary = {
             "zo": settings,
             "model": model_path,
+            "world_size": training_args.world_size,
             "global_step": trainer.state.global_step,
             "forward_passes": trainer.state.global_step * 2 * settings["num_directions"]
             * training_args.gradient_accumulation_steps,

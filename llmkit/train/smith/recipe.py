@@ -47,7 +47,7 @@ AXES = ("schema_reward", "code_reward", "outcome_reward")
 CURVE_KEYS = tuple(f"rewards/{a}/mean" for a in AXES) + ("rewards/combined_reward/mean", "smith/pool_size")
 
 
-def _resume_arg(value, out: Path):
+def _resume_arg(value, out: Path, is_main: bool = True):
     if isinstance(value, str) and value.lower() in ("true", "last", "latest"):
         return True
     if value:
@@ -55,7 +55,7 @@ def _resume_arg(value, out: Path):
     from transformers.trainer_utils import get_last_checkpoint
 
     last = get_last_checkpoint(str(out)) if out.is_dir() else None
-    if last:
+    if last and is_main:
         print(f"resuming from {last}")
     return last
 
@@ -157,11 +157,14 @@ def main(cfg: SmithConfig, model_args: ModelConfig | None = None) -> int:
     from llmkit.models import load_for_training
     from llmkit.tools import sandbox, tasks
     from llmkit.tools.pool import ToolPool
-    from llmkit.train.common import MetricsJsonlCallback, save_resolved_config
+    from llmkit.train.common import MetricsJsonlCallback, save_resolved_config, wait_for_everyone
     from llmkit.train.smith.trainer import SmithTrainer, make_rows
 
     model_args = model_args or ModelConfig()
     out = Path(cfg.output_dir)
+    # under `accelerate launch` every rank trains (and its rollouts add to the shared pool folder); the side
+    # work (config, evaluations, plot, eval.json) runs on the main process only
+    is_main = cfg.process_index == 0
     out.mkdir(parents=True, exist_ok=True)
     ok, why = sandbox.check_available()
     if not ok and not cfg.unsafe_no_sandbox:
@@ -171,16 +174,17 @@ def main(cfg: SmithConfig, model_args: ModelConfig | None = None) -> int:
     leaked = set(families) & set(tasks.HELDOUT_FAMILIES)
     if leaked:
         raise ValueError(f"train_families includes held-out families {sorted(leaked)}; they must stay unseen")
-    print(f"saved {save_resolved_config(out, cfg, model_args)}")
-    model, tok = load_for_training(model_args, output_dir=out, seed=cfg.tiny_model_seed)
+    if is_main:
+        print(f"saved {save_resolved_config(out, cfg, model_args)}")
+    model, tok = load_for_training(model_args, output_dir=out, seed=cfg.tiny_model_seed, is_main=is_main)
     pool = ToolPool(cfg.pool_dir or out / "pool")
-    resume = _resume_arg(cfg.resume_from_checkpoint, out)
+    resume = _resume_arg(cfg.resume_from_checkpoint, out, is_main)
     results: dict = {"model": str(model_args.model_name_or_path), "reward_aggregation": cfg.reward_aggregation,
                      "warm_start_steps": cfg.warm_start_steps}
     eval_json = out / "eval.json"
     if resume and eval_json.is_file():
         results.update({k: v for k, v in json.loads(eval_json.read_text()).items() if k in ("before",)})
-    if cfg.eval_before and cfg.eval_n > 0 and not resume:
+    if cfg.eval_before and cfg.eval_n > 0 and not resume and is_main:
         results["before"] = evaluate_policy(model, tok, cfg, out, "before")
     if cfg.warm_start_steps > 0 and not resume:
         t0 = time.time()
@@ -197,6 +201,10 @@ def main(cfg: SmithConfig, model_args: ModelConfig | None = None) -> int:
     results["train_seconds"] = round(time.time() - t0, 1)
     results["steps"] = trainer.state.global_step
     trainer.save_model(str(out))
+    wait_for_everyone()  # every rank's builds are in the pool folder before the main process reads it
+    if not is_main:
+        return 0
+    results["world_size"] = cfg.world_size
     results["pool_size"] = len(pool)
     results["pool_growth"] = pool.growth()
     results["pool"] = [{"family": e.family, "name": e.spec.name, "score": e.score, "step": e.step}
