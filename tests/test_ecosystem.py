@@ -14,6 +14,7 @@ RECIPES = {
     "vspo": ("recipes/configs/vspo/tiny_cpu.yaml", ["--dataset_name", "{slice}", "--eval_path", "",
                                                     "--verbosity_min_words", "2", "--verbosity_max_words", "4"]),
     "smith": ("recipes/configs/smith/tiny_cpu.yaml", []),
+    "hgms": ("recipes/configs/hgms/tiny_cpu.yaml", ["--sources", "a={slice}", "b={slice}", "--target_data", "{slice}"]),
 }
 
 
@@ -101,6 +102,30 @@ def test_lora_run_output_is_usable_downstream_and_merges_exactly(repo_root, tmp_
     # eval/serve/chat reach the adapter through resolve(): one merged copy, reused while the adapter is unchanged
     first = resolve(str(out))
     assert resolve(str(out)) == first and (tmp_path / "home" / "merged").is_dir()
+
+    # the same adapter served by name beside its base (`llmkit serve --lora-modules trained=OUT`) answers like
+    # the merged checkpoint, and the base name still answers like the base
+    import openai
+
+    from llmkit.cli import build_parser
+    from llmkit.commands.serve import build_engine
+    from llmkit.engines.hf import HFEngine
+    from llmkit.generation import GenerationParams
+    from llmkit.serving.server import BackgroundServer, ServerConfig, build_app
+
+    args = build_parser().parse_args(["serve", "--lora-modules", f"trained={out}"])
+    engine = build_engine(args)
+    assert set(engine.adapters) == {"trained"}
+    app = build_app(engine, ServerConfig(model_name="base", max_model_len=256))
+    prompt = "Question: 2+2\nAnswer:"
+    with BackgroundServer(app) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        assert {m.id for m in client.models.list().data} == {"base", "trained"}
+        served = {m: client.completions.create(model=m, prompt=prompt, max_tokens=8, temperature=0).choices[0].text
+                  for m in ("base", "trained")}
+    params = GenerationParams(max_new_tokens=8)
+    assert served["trained"] == HFEngine(str(merged)).generate([prompt], params)[0][0].text
+    assert served["base"] == HFEngine(str(out / "tiny-llama")).generate([prompt], params)[0][0].text
 
 
 def test_merge_rejects_a_folder_that_is_not_an_adapter(tmp_path, capsys):
