@@ -1,11 +1,9 @@
-"""bench/ldp_cache.py's workloads and simulation helpers (no model, no server)."""
+"""The LDPCache bench's library code: workloads (workload.py) and simulation helpers (experiment.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -13,14 +11,11 @@ import numpy as np
 import pytest
 
 from llmkit.serving.ldp_cache import ExponentialTokenMechanism, LDPScheduler
+from llmkit.serving.ldp_cache import experiment as X
+from llmkit.serving.ldp_cache import workload as W
 from llmkit.serving.ldp_cache.embedder import HashEmbedder
 
-_spec = importlib.util.spec_from_file_location(
-    "bench_ldp_cache", Path(__file__).parents[1] / "bench" / "ldp_cache.py"
-)
-B = importlib.util.module_from_spec(_spec)
-sys.modules["bench_ldp_cache"] = B
-_spec.loader.exec_module(B)
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
 
 PROBLEMS = [
     {"question": f"Tom has {i} apples and buys {i + 2} more. How many apples now?", "gold": str(2 * i + 2)}
@@ -39,9 +34,9 @@ def visits_of(queries):
 
 @pytest.mark.parametrize("kind", ["uniform", "zipf"])
 def test_visits_are_runs_of_distinct_templated_variants_of_one_problem(kind):
-    qs = B.build(kind, PROBLEMS, 60, seed=3)
-    assert qs == B.build(kind, PROBLEMS, 60, seed=3)  # deterministic
-    assert qs != B.build(kind, PROBLEMS, 60, seed=4)
+    qs = W.build(kind, PROBLEMS, 60, seed=3)
+    assert qs == W.build(kind, PROBLEMS, 60, seed=3)  # deterministic
+    assert qs != W.build(kind, PROBLEMS, 60, seed=4)
     vs = visits_of(qs)
     assert len(vs) == 60
     for _, pid, group in vs:
@@ -54,7 +49,7 @@ def test_visits_are_runs_of_distinct_templated_variants_of_one_problem(kind):
 
 def test_zipf_popularity_follows_the_law():
     n, visits = 20, 6000
-    qs = B.build_zipf(PROBLEMS, visits, seed=1)
+    qs = W.build_zipf(PROBLEMS, visits, seed=1)
     per_problem = Counter(pid for _, pid, _ in visits_of(qs))
     freq = sorted(per_problem.values(), reverse=True) + [0] * (n - len(per_problem))
     h = sum(1 / k for k in range(1, n + 1))
@@ -66,14 +61,14 @@ def test_zipf_popularity_follows_the_law():
 
 def test_zipf_popular_problems_differ_between_workload_seeds():
     top = {
-        Counter(pid for _, pid, _ in visits_of(B.build_zipf(PROBLEMS, 400, seed=s))).most_common(1)[0][0]
+        Counter(pid for _, pid, _ in visits_of(W.build_zipf(PROBLEMS, 400, seed=s))).most_common(1)[0][0]
         for s in range(8)
     }
     assert len(top) > 1
 
 
 def test_uniform_revisits_only_seen_problems_and_introduces_new_ones_in_order():
-    vs = visits_of(B.build_uniform(PROBLEMS, 40, seed=0))
+    vs = visits_of(W.build_uniform(PROBLEMS, 40, seed=0))
     seen = set()
     for i, (_, pid, _) in enumerate(vs):
         if pid not in seen:
@@ -94,13 +89,13 @@ def test_answers_file_resumes_without_asking_again(tmp_path, name):
 
     path = tmp_path / name
     m = [{"role": "user", "content": "hi"}]
-    a = B.MemoUpstream(upstream, path)
+    a = X.MemoUpstream(upstream, path)
     assert a(m, max_tokens=8) == "answer 1" and a(m, max_tokens=8) == "answer 1"
     assert a(m, max_tokens=9) == "answer 2"  # params are part of the key
-    b = B.MemoUpstream(upstream, path)
+    b = X.MemoUpstream(upstream, path)
     assert b(m, max_tokens=8) == "answer 1" and b(m, max_tokens=9) == "answer 2"
     assert len(calls) == 2 and b.calls == 0
-    with B._open_text(path, "rt") as f:  # two appends, each readable (gzip: two members)
+    with X.open_text(path, "rt") as f:  # two appends, each readable (gzip: two members)
         lines = f.read().splitlines()
     assert len(lines) == 2 and json.loads(lines[0])["text"] == "answer 1"
 
@@ -117,7 +112,7 @@ def mech():
 
 
 def test_memo_mechanism_replays_exactly_the_same_draws():
-    m, memo = mech(), B.MemoMechanism(mech())
+    m, memo = mech(), X.MemoMechanism(mech())
     text = "tom has 3 apples and buys 5 more . how many apples now ?"
     for s in range(5):
         a = m.perturb(text, np.random.default_rng(s))
@@ -130,15 +125,15 @@ def test_memo_mechanism_replays_exactly_the_same_draws():
 
 def test_hit_ratio_does_not_depend_on_the_response_text():
     """Why the sweep may use a stand-in upstream: same hits with real-looking and empty answers."""
-    qs = B.build_zipf(PROBLEMS, 30, seed=2)
-    emb = B.MemoEmbedder(HashEmbedder())
+    qs = W.build_zipf(PROBLEMS, 30, seed=2)
+    emb = X.MemoEmbedder(HashEmbedder())
     for policy in ("multifactor", "lru"):
         kw = {"capacity": 3, "policy": policy, "seed": [0], "bit_seed": 7, "max_tokens": 4}
-        with_text = B.run_cache(
+        with_text = X.run_cache(
             qs, mech(), emb, lambda m, **p: "The answer is 42.", scheduler=LDPScheduler(3.0, 0.8, 0.2), **kw
         )
-        stub = B.run_cache(
-            qs, mech(), emb, B.stub_upstream, scheduler=LDPScheduler(3.0, 0.8, 0.2), score=False, **kw
+        stub = X.run_cache(
+            qs, mech(), emb, X.stub_upstream, scheduler=LDPScheduler(3.0, 0.8, 0.2), score=False, **kw
         )
         assert with_text["hit_ratio"] == stub["hit_ratio"] and 0 < stub["hit_ratio"] < 1
         assert with_text["epsilon_per_query"] == stub["epsilon_per_query"]
@@ -153,7 +148,7 @@ def test_arith_question_takes_the_first_fitting_annotation_and_keeps_the_context
         "How many clips did Natalia sell altogether in April and May?"
     )
     a = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72"
-    p = B.arith_question(q, a)
+    p = W.arith_question(q, a)
     assert p == {
         "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many "
         "clips in May. What is 48 divided by 2?",
@@ -174,29 +169,29 @@ def test_arith_question_takes_the_first_fitting_annotation_and_keeps_the_context
     ],
 )
 def test_arith_question_checks_the_annotation(answer, annotation, phrase):
-    p = B.arith_question("Tom has some apples. How many now?", answer)
+    p = W.arith_question("Tom has some apples. How many now?", answer)
     assert p["annotation"] == annotation and p["question"] == f"Tom has some apples. What is {phrase}?"
     a, rest = annotation.split("=")[0], annotation.split("=")[1]
     assert p["gold"] == rest and int(rest) == eval(a.replace("/", "//"))
 
 
 def test_arith_question_skips_problems_without_a_usable_annotation_or_context():
-    assert B.arith_question("Tom has apples. How many?", "<<120*2=240>>240 <<1.5*2=3>>3") is None
-    assert B.arith_question("How many apples does Tom have?", "<<2+3=5>>5") is None  # one sentence
+    assert W.arith_question("Tom has apples. How many?", "<<120*2=240>>240 <<1.5*2=3>>3") is None
+    assert W.arith_question("How many apples does Tom have?", "<<2+3=5>>5") is None  # one sentence
 
 
 def test_arith_problem_set_from_gsm8k_train_has_correct_gold_answers():
-    if not B.DATA.is_file():
+    if not DATA.is_file():
         pytest.skip("GSM8K train not present")
-    ps = B.load_arith_problems(B.DATA, 40, seed=0)
-    assert len(ps) == 40 and ps == B.load_arith_problems(B.DATA, 40, seed=0)
+    ps = W.load_arith_problems(DATA, 40, seed=0)
+    assert len(ps) == 40 and ps == W.load_arith_problems(DATA, 40, seed=0)
     assert len({p["question"] for p in ps}) == 40
     for p in ps:
-        m = B._ANNOTATION.fullmatch(f"<<{p['annotation']}>>")
+        m = W._ANNOTATION.fullmatch(f"<<{p['annotation']}>>")
         x, op, y, z = int(m[1]), m[2], int(m[3]), int(m[4])
-        assert p["gold"] == str(z) and max(x, y, z) <= B.ARITH_MAX
+        assert p["gold"] == str(z) and max(x, y, z) <= W.ARITH_MAX
         assert {"+": x + y, "-": x - y, "*": x * y, "/": x / y}[op] == z
-        assert p["question"].endswith(f"What is {x} {B.ARITH_WORDS[op]} {y}?")
+        assert p["question"].endswith(f"What is {x} {W.ARITH_WORDS[op]} {y}?")
         context = p["question"].rsplit(" What is ", 1)[0]
         words = p["source"].split()  # the context is the source minus its last sentence (spaces normalized)
         assert (
@@ -207,20 +202,20 @@ def test_arith_problem_set_from_gsm8k_train_has_correct_gold_answers():
 @pytest.mark.parametrize("kind", ["uniform_arith", "zipf_arith"])
 def test_arith_workloads_have_the_same_visit_structure(kind):
     base = kind.removesuffix("_arith")
-    assert B.build(kind, PROBLEMS, 30, seed=5) == B.build(base, PROBLEMS, 30, seed=5)
+    assert W.build(kind, PROBLEMS, 30, seed=5) == W.build(base, PROBLEMS, 30, seed=5)
     ps = [{"question": f"Tom has {i} apples. What is {i} plus 2?", "gold": str(i + 2)} for i in range(12)]
-    for _, pid, group in visits_of(B.build(kind, ps, 30, seed=5)):
+    for _, pid, group in visits_of(W.build(kind, ps, 30, seed=5)):
         assert 2 <= len(group) <= 4 and len({q["template"] for q in group}) == len(group)
         assert all(ps[pid]["question"] in q["text"] and q["gold"] == str(pid + 2) for q in group)
 
 
 def test_run_cache_counts_hit_accuracy_against_the_no_cache_answer():
     """Accuracy can only differ on hits; the bench reports them with the no-cache arm's answer."""
-    qs = B.build_zipf(PROBLEMS, 30, seed=2)
+    qs = W.build_zipf(PROBLEMS, 30, seed=2)
     for x in qs:
         x["no_cache_correct"] = True
-    emb = B.MemoEmbedder(HashEmbedder())
-    r = B.run_cache(
+    emb = X.MemoEmbedder(HashEmbedder())
+    r = X.run_cache(
         qs,
         mech(),
         emb,
@@ -239,12 +234,12 @@ def test_run_cache_counts_hit_accuracy_against_the_no_cache_answer():
 
 def test_problem_bootstrap_interval():
     queries = {p: 10 for p in range(20)}
-    same = B.problem_bootstrap(queries, {p: 5 for p in range(20)}, {p: 5 for p in range(20)})
+    same = X.problem_bootstrap(queries, {p: 5 for p in range(20)}, {p: 5 for p in range(20)})
     assert same["diff"] == 0 and same["ci95"] == [0, 0] and same["share_below_0"] == 0
-    better = B.problem_bootstrap(queries, {p: 6 for p in range(20)}, {p: 5 for p in range(20)})
+    better = X.problem_bootstrap(queries, {p: 6 for p in range(20)}, {p: 5 for p in range(20)})
     assert better["diff"] == pytest.approx(0.1) and better["ci95"][0] == pytest.approx(0.1)
     # one problem carries the whole loss: the interval must reach 0 (it is left out of some resamples)
-    one = B.problem_bootstrap(queries, {0: 0}, {0: 10})
+    one = X.problem_bootstrap(queries, {0: 0}, {0: 10})
     assert one["diff"] == pytest.approx(-0.05) and one["ci95"][0] < -0.05 < one["ci95"][1] == 0
     assert 0.5 < one["share_below_0"] < 1
 
@@ -254,17 +249,26 @@ def test_mean_runs_averages_correct_answers_per_problem():
         {"hit_ratio": 0.5, "accuracy": 0.1, "correct_per_problem": {0: 2, 1: 1}},
         {"hit_ratio": 0.7, "accuracy": 0.3, "correct_per_problem": {0: 4}},
     ]
-    m = B.mean_runs(runs)
+    m = X.mean_runs(runs)
     assert m["correct_per_problem"] == {0: 3.0, 1: 0.5} and m["accuracy"] == pytest.approx(0.2)
 
 
 def test_pooled_bootstrap_keeps_workloads_problems_apart():
     # both workloads number their problems 0..9; problem 0 loses in one and gains in the other
     queries = {p: 10 for p in range(10)}
-    pooled = B.pooled_bootstrap(
+    pooled = X.pooled_bootstrap(
         {"u": (queries, {0: 0}, {0: 10}), "z": (queries, {0: 10}, {0: 0})}, draws=2000
     )
     assert pooled["problems"] == 20 and pooled["diff"] == 0
     assert pooled["ci95"][0] < 0 < pooled["ci95"][1]  # merged by id they would cancel to [0, 0]
-    alone = B.problem_bootstrap(queries, {0: 0}, {0: 10}, draws=2000)
+    alone = X.problem_bootstrap(queries, {0: 0}, {0: 10}, draws=2000)
     assert alone["diff"] == pytest.approx(-0.1)
+
+
+def test_a_malformed_gsm8k_file_is_refused_with_its_line(tmp_path):
+    bad = tmp_path / "train.jsonl"
+    bad.write_text(json.dumps({"question": "Q?", "answer": "x #### 3"}) + "\n" + json.dumps({"question": "Q"}) + "\n")
+    with pytest.raises(ValueError, match=r"train.jsonl:2: not a GSM8K record"):
+        W.load_problems(bad, 5, seed=0)
+    with pytest.raises(ValueError, match=r"train.jsonl:2: not a GSM8K record"):
+        W.load_arith_problems(bad, 5, seed=0)
