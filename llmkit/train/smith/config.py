@@ -9,7 +9,7 @@ from trl import GRPOConfig
 
 from llmkit.optim.hf import LlmkitOptimMixin
 
-AGGREGATIONS = ("normalize_then_sum", "sum_then_normalize", "combined")
+AGGREGATIONS = ("normalize_then_sum", "sum_then_normalize", "combined", "upgrad")
 
 
 @dataclass
@@ -33,7 +33,10 @@ class SmithConfig(LlmkitOptimMixin, GRPOConfig):
     reward_aggregation: str = field(default="normalize_then_sum", metadata={
         "help": "normalize_then_sum (each axis z-scored in its group, then weighted sum: the paper's separate "
                 "axes) | sum_then_normalize (TRL default: weighted sum, then group normalization) | combined (the "
-                "ablation: one reward function returning schema+code+outcome as a single scalar)"})
+                "ablation: one reward function returning schema+code+outcome as a single scalar) | upgrad (each axis's own "
+                "group-normalised, weighted advantages give its own policy-gradient loss and Jacobian descent "
+                "(UPGrad, llmkit.optim.jd) combines the three gradients; rows an axis skips add nothing to it; "
+                "single process)"})
     schema_weight: float = field(default=1.0, metadata={"help": "weight of the schema axis"})
     code_weight: float = field(default=1.0, metadata={"help": "weight of the code axis"})
     outcome_weight: float = field(default=1.0, metadata={"help": "weight of the outcome axis"})
@@ -65,8 +68,9 @@ class SmithConfig(LlmkitOptimMixin, GRPOConfig):
             raise ValueError("build_ratio must be in [0, 1]")
         if self.build_examples < 1 or self.build_checks < 1:
             raise ValueError("build_examples and build_checks must be >= 1")
-        self.multi_objective_aggregation = ("sum_then_normalize" if self.reward_aggregation == "combined"
-                                            else self.reward_aggregation)
+        # upgrad computes its own per-axis advantages; TRL's summed ones are then only logged
+        self.multi_objective_aggregation = {"combined": "sum_then_normalize", "upgrad": "normalize_then_sum"}.get(
+            self.reward_aggregation, self.reward_aggregation)
         if self.reward_aggregation == "combined":
             self.reward_weights = None
         else:

@@ -7,6 +7,10 @@ family (its schema, never its code). A use row whose family has no pooled tool y
 family; the pool is seeded only by the policy's own verified builds, never by the reference tools. The three
 reward functions (``llmkit.rewards.tools.SmithRewards``) run the code in the sandbox and add passing builds to the
 pool with provenance (the step, the family, the verification score).
+
+``reward_aggregation: upgrad`` (``llmkit.train.reward_aggregation``): the schema, code and outcome axes each give
+their own policy-gradient loss and Jacobian descent combines them, so a gain on one axis is not bought with a loss
+on another; an axis that does not apply to a row (None) adds nothing to that axis's gradient. Single process only.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from llmkit.optim.hf import LlmkitOptimTrainerMixin
 from llmkit.tools import tasks
 from llmkit.tools.pool import ToolPool
 from llmkit.tools.rollouts import build_prompt, use_prompt
+from llmkit.train.reward_aggregation import RewardJacobianDescentMixin
 
 
 def make_rows(families, n: int, build_ratio: float, examples: int, seed: int = 0) -> list[dict]:
@@ -46,11 +51,13 @@ def make_rows(families, n: int, build_ratio: float, examples: int, seed: int = 0
     return rows
 
 
-class SmithTrainer(LlmkitOptimTrainerMixin, GRPOTrainer):
+class SmithTrainer(LlmkitOptimTrainerMixin, RewardJacobianDescentMixin, GRPOTrainer):
     def __init__(self, *args, pool: ToolPool, build_examples: int = 3, **kwargs):
         super().__init__(*args, **kwargs)
         self.pool = pool
         self.build_examples = build_examples
+        if self._upgrad_on():
+            self._check_single_process("upgrad")
 
     def resolve_row(self, row: dict) -> dict:
         """Point a use row at the pool's current tool (or turn it into a build row while there is none)."""
@@ -74,4 +81,4 @@ class SmithTrainer(LlmkitOptimTrainerMixin, GRPOTrainer):
         self._metrics[mode]["smith/pool_size"].append(float(len(self.pool)))
         self._metrics[mode]["smith/use_fraction"].append(
             sum(x["kind"] == "use" for x in inputs) / max(len(inputs), 1))
-        return super()._generate_and_score_completions(inputs)
+        return self.attach_per_reward_advantages(super()._generate_and_score_completions(inputs), mode)

@@ -68,6 +68,7 @@ from trl import GRPOTrainer
 
 from llmkit.optim.hf import LlmkitOptimTrainerMixin
 from llmkit.steering import Steering, SteeringVector, check_compatible
+from llmkit.train.reward_aggregation import RewardJacobianDescentMixin
 
 
 def alpha_scale(step: int, max_steps: int, cfg) -> float:
@@ -172,7 +173,7 @@ def locu_constrained_step(params: list[torch.Tensor], reward_loss: torch.Tensor,
     return step, info
 
 
-class VSPOTrainer(LlmkitOptimTrainerMixin, GRPOTrainer):
+class VSPOTrainer(LlmkitOptimTrainerMixin, RewardJacobianDescentMixin, GRPOTrainer):
     """``GRPOTrainer`` with steered rollouts. ``steering_vector`` may be None only when ``args.alpha_max == 0``
     or ``args.mode == 'grpo'`` (then it is plain GRPO through the same code path)."""
 
@@ -189,9 +190,8 @@ class VSPOTrainer(LlmkitOptimTrainerMixin, GRPOTrainer):
             check_compatible(self.accelerator.unwrap_model(self.model), steering_vector)
         self._alpha_gen = torch.Generator().manual_seed(int(cfg.seed))
         agg = getattr(cfg, "reward_aggregation", "sum")
-        if agg != "sum" and self.accelerator.num_processes > 1:
-            raise ValueError(f"reward_aggregation {agg} runs in a single process (its gradient bypasses DDP's "
-                             "all-reduce); use reward_aggregation sum for multi-process runs")
+        if agg != "sum":
+            self._check_single_process(agg)
         self._current_alphas: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ intensities
@@ -250,90 +250,14 @@ class VSPOTrainer(LlmkitOptimTrainerMixin, GRPOTrainer):
                 w = torch.tensor(words, dtype=torch.float32, device=device)
                 out["locu_words"] = w
                 out["locu_length_advantages"] = leave_one_out_advantages(w, self.num_generations)
-        if agg == "upgrad":
-            adv = self.per_reward_advantages(getattr(self, "_last_rewards_per_func", None), mode)
-            if adv is not None:
-                n = out["completion_ids"].shape[0]
-                start = self.accelerator.process_index * n
-                out["advantages_per_reward"] = adv[start:start + n].to(device)
-        return out
-
-    # ------------------------------------------------------------------ per-reward advantages + Jacobian descent
-    def per_reward_advantages(self, rewards_per_func: torch.Tensor | None, mode: str = "train") -> torch.Tensor | None:
-        """(global B, K) advantages: reward k normalised within each group (as GRPO normalises the summed reward,
-        following ``scale_rewards``) and multiplied by its weight; rows a reward skipped (None) get 0."""
-        if rewards_per_func is None:
-            return None
-        g = self.num_generations if mode == "train" else self.num_generations_eval
-        r = rewards_per_func.float()
-        grouped = r.view(-1, g, r.shape[1])
-        mean = torch.nanmean(grouped, dim=1, keepdim=True)
-        adv = grouped - mean
-        if self.scale_rewards == "group" and g > 1:
-            centred = torch.where(torch.isnan(grouped), torch.zeros_like(grouped), adv)
-            count = (~torch.isnan(grouped)).sum(dim=1, keepdim=True).clamp_min(2)
-            std = (centred.pow(2).sum(dim=1, keepdim=True) / (count - 1)).sqrt()
-            adv = adv / (std + 1e-4)
-        elif self.scale_rewards == "batch":
-            flat = r - torch.nanmean(r, dim=0, keepdim=True)
-            std = torch.sqrt(torch.nanmean(flat.pow(2), dim=0) * r.shape[0] / max(r.shape[0] - 1, 1))
-            adv = adv / (std.view(1, 1, -1) + 1e-4)
-        adv = adv.view(-1, r.shape[1]) * self.reward_weights.to(adv.device).unsqueeze(0)
-        return torch.nan_to_num(adv, nan=0.0)
-
-    def _with_cached_logps(self, fn):
-        """Run ``fn()`` with the per-token log-probabilities computed once (later calls reuse the same graph).
-        Returns (fn's result, the cached (logps, entropies, aux) tuple or None)."""
-        real = self._get_per_token_logps_and_entropies
-        cache: dict = {}
-
-        def cached(*a, **kw):
-            if "v" not in cache:
-                cache["v"] = real(*a, **kw)
-            return cache["v"]
-
-        self._get_per_token_logps_and_entropies = cached
-        try:
-            return fn(), cache.get("v")
-        finally:
-            del self._get_per_token_logps_and_entropies
-
-    def _ga_scale(self, num_items_in_batch) -> float:
-        """The Trainer divides the returned loss by the accumulation steps before backward; gradients written
-        directly must be scaled the same way."""
-        scaled = getattr(self, "loss_is_scaled_for_ga", None)
-        if scaled is None:
-            scaled = (self.model_accepts_loss_kwargs and num_items_in_batch is not None) \
-                or self.compute_loss_func is not None
-        return 1.0 if scaled else 1.0 / self.current_gradient_accumulation_steps
+        return self.attach_per_reward_advantages(out, mode)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         agg = getattr(self.args, "reward_aggregation", "sum")
         if agg == "locu" and model.training and isinstance(inputs, dict) and "locu_words" in inputs:
             return self._compute_locu_loss(model, inputs, num_items_in_batch)
-        adv = inputs.get("advantages_per_reward") if isinstance(inputs, dict) else None
-        if agg != "upgrad" or adv is None or not model.training:
-            return super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                        num_items_in_batch=num_items_in_batch)
-        from llmkit.optim import jd
-
-        # one forward pass: the K losses reuse the same per-token log-probabilities (and graph)
-        losses, _ = self._with_cached_logps(
-            lambda: [super(VSPOTrainer, self).compute_loss(model, {**inputs, "advantages": adv[:, k]},
-                                                           num_items_in_batch=num_items_in_batch)
-                     for k in range(adv.shape[1])])
-        scale = self._ga_scale(num_items_in_batch)
-        params = [p for p in model.parameters() if p.requires_grad]
-        weights = jd.backward_with_weights([loss * scale for loss in losses], params,
-                                           aggregator=self.args.reward_aggregation,
-                                           parallel_chunk_size=1)  # TRL's chunked log-prob kernel has no vmap rule
-        names = getattr(self, "reward_func_names", [f"reward_{k}" for k in range(len(losses))])
-        for k, (name, loss) in enumerate(zip(names, losses)):
-            self._metrics["train"][f"jd/loss/{name}"].append(float(loss.detach()))
-            if weights is not None and len(weights) == len(losses):
-                self._metrics["train"][f"jd/weight/{name}"].append(float(weights[k]))
-        # gradients are already in .grad: hand back a graph-free leaf so the Trainer's backward adds nothing
-        return torch.stack([loss.detach() for loss in losses]).sum().requires_grad_()
+        return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                    num_items_in_batch=num_items_in_batch)  # upgrad: RewardJacobianDescentMixin
 
     def _compute_locu_loss(self, model, inputs, num_items_in_batch):
         """LOCU step for "mean completion words <= locu_max_words" (see the module docstring), into .grad."""
@@ -369,9 +293,7 @@ class VSPOTrainer(LlmkitOptimTrainerMixin, GRPOTrainer):
         from llmkit.rewards.behaviors import completion_text, word_count
 
         self._last_completion_words = [word_count(completion_text(c)) for c in completions]  # local rows
-        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._last_rewards_per_func = rewards  # gathered over processes, (global B, num funcs)
-        return rewards
+        return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # keeps the rewards
 
     def _log_reward_by_steering(self, alphas: torch.Tensor, mode: str) -> None:
         """Mean total reward of steered vs unsteered rollouts in this batch: is steering producing the behaviour?"""
