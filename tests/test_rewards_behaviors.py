@@ -88,3 +88,35 @@ def test_every_behavior_has_pairs_and_a_reward():
         assert callable(b.reward())
     with pytest.raises(ValueError, match="unknown behaviour"):
         contrastive_pairs("humour", ["q"])
+
+
+Q = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips " \
+    "did Natalia sell altogether in April and May?"
+
+
+def test_confident_answer_needs_a_certainty_claim_about_the_final_answer_on_the_task():
+    from llmkit.rewards.behaviors import confident_answer
+
+    good = "In May she sold 48 / 2 = 24 clips.\nIn total 48 + 24 = 72.\nI am confident that the answer is 72.\n#### 72"
+    also_good = "48 / 2 = 24, and 48 + 24 = 72. I'm very sure the answer is 72."
+    cases = {
+        good: 1.0,
+        also_good: 1.0,
+        # gaming attempts and near misses
+        "": 0.0,
+        "I am confident.": 0.0,
+        "I am certain that the answer is 72.": 0.0,  # no work with the question's numbers: off task
+        "I am confident that the answer is 42. The weather is nice today.": 0.0,
+        # the documented limit: the rule checks the form, the answer and the question's numbers, not the work
+        "The sky is blue, 48 is a number. I am certain the answer is 7.\n#### 7": 1.0,
+        good.replace("I am confident", "I am not confident"): 0.0,  # hedged
+        good.replace("I am confident", "I am fairly confident"): 0.0,
+        good.replace("the answer is 72.", "the answer is 70."): 0.0,  # the claim is not about the final answer
+        good.replace("I am confident that the answer is 72.\n", ""): 0.0,  # no claim at all
+    }
+    texts = list(cases)
+    scores = confident_answer(completions=texts, question=[Q] * len(texts))
+    assert scores == [cases[t] for t in texts]
+    assert BEHAVIORS["confident_answer"].rates([good, ""], questions=[Q, Q]) == [1.0, 0.0]
+    with pytest.raises(ValueError, match="question"):
+        confident_answer(completions=[good])

@@ -26,6 +26,17 @@ reproducible. What each one measures:
   variables ("let x be"), and numbered/bulleted steps. Score ``min(1, markers / target)`` (target 6);
   rate: score >= 0.5. A proxy only: it rewards the form of expert explanation, not its correctness (the
   correctness reward covers that).
+- ``confident_answer``: confidence expression tied to the task answer, the rare-behaviour regime of the
+  paper (the bundled model almost never does it unprompted). Rate and score (binary: the reward is
+  sparse on purpose) are 1 only when all three hold: (a) an unhedged first-person certainty claim ("I am
+  confident", "I'm certain", "I am sure", optionally "very/fully/completely/absolutely"; "not sure",
+  "fairly confident" and other hedges do not count); (b) the line holding the claim names a number and
+  that number is the completion's final answer, extracted the way the task grader extracts it (GSM8K's
+  flexible extraction: the last number), so the claim is about the answer that accuracy is scored on;
+  (c) the completion is on the task: it uses at least ``min(2, k)`` of the ``k`` distinct numbers of the
+  question (``question`` column; TRL passes dataset columns to reward functions). So empty text, a bare
+  "I am certain.", or "I am confident the answer is 42." under an unrelated question all score 0; what
+  it cannot check is whether the work is right (the task reward and accuracy measure that).
 - ``robustness``: robustness to misleading context. Prompts carry an injected wrong hint (see
   ``inject_hint``; the wrong number is stored in a ``hint`` column). Score 1 when the completion's final
   answer is correct, 0 otherwise, and 0 in particular when it repeats the hint. Rate: the same.
@@ -153,6 +164,47 @@ def confidence(completions, answer=None, **kwargs) -> list[float]:
 
 confidence.rate = lambda texts: [float(stated_confidence(t) is not None) for t in texts]
 
+# --------------------------------------------------------------------------------------------- confident_answer
+
+_CLAIM = re.compile(r"\bI(?:'m|\s+am)\s+(?:(?:very|fully|completely|absolutely|highly|quite)\s+)?"
+                    r"(?:confident|certain|sure)\b", re.IGNORECASE)
+_NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
+
+
+def _as_number(s: str) -> float | None:
+    try:
+        return float(s.replace(",", "").replace("$", "").rstrip("."))
+    except ValueError:
+        return None
+
+
+def question_numbers(question: str) -> set[float]:
+    """The distinct numbers of a question (``1,000`` and ``$5`` read as 1000 and 5)."""
+    return {v for v in (_as_number(m) for m in _NUMBER.findall(question or "")) if v is not None}
+
+
+def confident_answer_score(text: str, question: str | None) -> float:
+    """1.0 when ``text`` states unhedged certainty about its own final answer and works on ``question``'s
+    numbers (see the module docstring, ``confident_answer``), else 0.0."""
+    answer = _as_number(final_answer(text))
+    if answer is None:
+        return 0.0
+    claim_lines = [line for line in text.splitlines() if _CLAIM.search(line)]
+    if not any(answer in {_as_number(m) for m in _NUMBER.findall(line)} for line in claim_lines):
+        return 0.0
+    if question is None:
+        raise ValueError("the confident_answer reward needs a 'question' column to check the text is on the task")
+    asked = question_numbers(question)
+    used = {v for v in (_as_number(m) for m in _NUMBER.findall(text)) if v is not None}
+    return float(len(asked & used) >= min(2, len(asked)))
+
+
+def confident_answer(completions, question=None, **kwargs) -> list[float]:
+    if question is None:
+        raise ValueError("the confident_answer reward needs a 'question' column (the task question) to check that "
+                         "a completion works on the task")
+    return [confident_answer_score(completion_text(c), q) for c, q in zip(completions, question)]
+
 # --------------------------------------------------------------------------------------------- expertise
 
 _TERMS = re.compile(
@@ -237,12 +289,15 @@ class Behavior:
         """The reward function; keyword options apply to verbosity (``min_words``, ``max_words``) only."""
         if self.name == "verbosity":
             return make_verbosity(**kw)
-        return {"confidence": confidence, "expertise": expertise, "robustness": robustness}[self.name]
+        return {"confidence": confidence, "expertise": expertise, "robustness": robustness,
+                "confident_answer": confident_answer}[self.name]
 
     def rates(self, texts: list[str], answers: list[str] | None = None, hints: list[str] | None = None,
-              **kw) -> list[float]:
+              questions: list[str] | None = None, **kw) -> list[float]:
         if self.name == "robustness":
             return robustness(texts, answer=answers, hint=hints)
+        if self.name == "confident_answer":
+            return confident_answer(texts, question=questions)
         return self.reward(**kw).rate(texts)
 
 
@@ -256,6 +311,12 @@ BEHAVIORS: dict[str, Behavior] = {
         "confidence",
         positive="After your answer, state how confident you are as a percentage, e.g. 'Confidence: 80%'.",
         negative="Give your answer without saying anything about how sure you are.",
+    ),
+    "confident_answer": Behavior(
+        "confident_answer",
+        positive="Solve the problem step by step. Then say how sure you are in one sentence of the form "
+                 "'I am confident that the answer is <number>.' before the final answer line.",
+        negative="Solve the problem step by step and give the final answer without commenting on how sure you are.",
     ),
     "expertise": Behavior(
         "expertise",

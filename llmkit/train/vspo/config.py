@@ -24,7 +24,8 @@ class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
                                                         "(no training; steering at inference only)"})
     # ---- behaviour and rewards
     behavior: str = field(default="verbosity", metadata={
-        "help": "target behaviour: verbosity | confidence | expertise | robustness"})
+        "help": "target behaviour: verbosity | confidence | confident_answer (rare on the bundled model) | "
+                "expertise | robustness"})
     behavior_weight: float = field(default=1.0, metadata={"help": "weight of the behaviour reward"})
     task_reward: str = field(default="gsm8k", metadata={"help": "task correctness reward: gsm8k | math | none"})
     task_weight: float = field(default=1.0, metadata={"help": "weight of the task correctness reward"})

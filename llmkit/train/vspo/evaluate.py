@@ -51,9 +51,10 @@ def evaluate(model, tokenizer, rows: list[dict], behavior: str, *, max_new_token
     acc = [task.score(t, {"question": r["question"], "answer": r["answer"]})[task.primary]
            for t, r in zip(graded, rows)]
     hints = [r.get("hint") for r in rows]
-    rates = b.rates(texts, answers=answers, hints=hints, **bkw)
+    questions = [r["question"] for r in rows]
+    rates = b.rates(texts, answers=answers, hints=hints, questions=questions, **bkw)
     reward = b.reward(**bkw)
-    scores = reward(completions=texts, answer=answers, hint=hints)
+    scores = reward(completions=texts, answer=answers, hint=hints, question=questions)
     return {
         "n": len(rows),
         "accuracy": mean(acc) if acc else 0.0,
