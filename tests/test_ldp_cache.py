@@ -290,3 +290,46 @@ def test_a_failed_insert_leaves_the_cache_and_its_counts_as_they_were(tmp_path):
     ok = CacheStore(path, capacity=2)
     assert ok.add("u", "q2", _unit([0, 0, 1]), "r2", 0.9) == [1]  # LRU: the oldest goes
     assert [e.query for e in ok.entries("u")] == ["q1", "q2"] and ok.size("u") == 2
+
+
+# --- what leaves the device: assistant turns, per-call epsilon (issue 23) ---
+
+CHAT = [{"role": "user", "content": Q1}, {"role": "assistant", "content": "tom has 3 apples"},
+        {"role": "user", "content": "how many pears does tom have ?"}]
+
+
+def test_assistant_turns_are_dropped_by_default(tmp_path):
+    cache, up = make(tmp_path)
+    a = cache.ask_messages(CHAT)
+    assert [m["role"] for m in up.calls[0]] == ["user", "user"]  # the assistant turn never left the device
+    assert "tom has 3 apples" not in str(up.calls[0]) and a.sent_messages == up.calls[0]
+    assert a.epsilon == pytest.approx(200.0 * (7 + 7))  # only the user turns are charged
+
+
+def test_assistant_turns_can_be_perturbed_and_charged_and_then_key_the_cache(tmp_path):
+    up = Recorder()
+    cache = LDPCache(up, PrivacyLedger(tmp_path / "l.sqlite", 1e6), CacheStore(tmp_path / "c.sqlite"),
+                     mech(0.5), HashEmbedder(), LDPScheduler(30.0), assistant_turns="perturb")
+    a = cache.ask_messages(CHAT, seed=1)
+    assert [m["role"] for m in up.calls[0]] == ["user", "assistant", "user"]
+    assert up.calls[0][1]["content"] != "tom has 3 apples"  # perturbed (eps 0.5 per word)
+    assert a.epsilon == pytest.approx(0.5 * (7 + 4 + 7))
+    assert "tom has 3 apples" in cache.store.entries("default")[0].query  # part of the cache key
+    with pytest.raises(ValueError, match="assistant_turns"):
+        LDPCache(up, PrivacyLedger(":memory:", 1.0), CacheStore(), mech(), HashEmbedder(), assistant_turns="keep")
+    with pytest.raises(ValueError, match="no user or system message"):
+        cache.ask_messages([{"role": "assistant", "content": "hi"}])
+
+
+def test_a_fixed_query_epsilon_is_what_a_miss_costs_whatever_the_length(tmp_path):
+    cache, _ = make(tmp_path, rr=2.0)
+    a = cache.ask(Q1, epsilon=3.5)
+    assert not a.cache_hit and a.epsilon == pytest.approx(3.5)  # empty cache: the bit is free
+    b = cache.ask(Q2 + " " + Q2, epsilon=1.25, seed=3)
+    assert b.cache_hit or b.epsilon == pytest.approx(1.25 + 2.0)
+    base = PerQueryLDP(Recorder(), PrivacyLedger(":memory:", 10.0), mech())
+    assert base.ask(Q1, epsilon=4.0).epsilon == pytest.approx(4.0)
+    with pytest.raises(BudgetExceeded):
+        base.ask(Q1, epsilon=6.5)
+    with pytest.raises(ValueError, match="query epsilon"):
+        cache.ask(Q1, epsilon=-1.0)

@@ -86,3 +86,27 @@ def test_randomized_response_ratio_is_e_to_the_eps(eps):
     # both reports have empirical likelihood ratio within e^eps (+ slack)
     assert math.log(p1 / p0) <= eps + 0.1 and math.log((1 - p0) / (1 - p1)) <= eps + 0.1
     assert rr.probability(True, True) / rr.probability(True, False) == pytest.approx(math.exp(eps))
+
+
+def test_length_buckets_release_only_the_bucket_and_charge_the_padded_length():
+    vocab = ["<unk>", ".", "how", "many", "apples", "does", "tom", "have", "?"]
+    emb = np.random.default_rng(0).normal(size=(len(vocab), 4))
+    m = ExponentialTokenMechanism.word_level(vocab, emb, 2.0, length_bucket=8, pad_id=1)
+    short, longer = "how many apples ?", "how many apples does tom have ?"  # 4 and 7 words
+    rng = np.random.default_rng(0)
+    a, b = m.perturb(short, rng), m.perturb(longer, rng)
+    assert a.n_tokens == b.n_tokens == 8 and len(a.text.split()) == len(b.text.split()) == 8
+    assert m.query_epsilon(short) == m.query_epsilon(longer) == pytest.approx(16.0)
+    assert m.perturb("how " * 9, rng).n_tokens == 16 and m.perturb("", rng).n_tokens == 8
+    plain = ExponentialTokenMechanism.word_level(vocab, emb, 2.0)
+    assert plain.perturb(short, rng).n_tokens == 4  # without buckets the length is released
+    with pytest.raises(ValueError, match="length_bucket"):
+        ExponentialTokenMechanism.word_level(vocab, emb, 2.0, length_bucket=0)
+
+
+def test_a_query_epsilon_is_spread_over_the_tokens():
+    m = _mech(6, 3, 1.0, 0)
+    out = m.perturb("w1 w2 w3", np.random.default_rng(0), epsilon=0.9)
+    assert out.epsilon == pytest.approx(0.9) and out.n_tokens == 3
+    with pytest.raises(ValueError, match="query epsilon"):
+        m.perturb("w1", np.random.default_rng(0), epsilon=float("inf"))

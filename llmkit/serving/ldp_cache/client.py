@@ -11,11 +11,28 @@ One query, in order (see :mod:`.scheduler` for why each step is private):
 A failure before anything reached the upstream refunds the query part; any other
 failure keeps the whole reservation (the upstream may have seen the query).
 
+What leaves the device, and what did before (issue 23):
+  - assistant turns: earlier assistant messages are answers to private queries (they
+    often restate them). They used to go upstream *unperturbed* and outside the cache key.
+    Now ``assistant_turns="drop"`` (the default) sends none of them, and
+    ``assistant_turns="perturb"`` perturbs them like user text (charged like it, and part
+    of the cache key, since they then shape the answer);
+  - length: the token mechanism releases the number of word pieces; give it a
+    ``length_bucket`` (:mod:`.mechanism`) to release only the bucket. The candidate
+    mechanism (:mod:`.sentence`) releases a public string and no length;
+  - the hit/miss pattern (whether a request is sent at all) is the scheduler's
+    randomized-response bit, charged per query; the message count is public (dropped
+    assistant turns are not counted; non-assistant messages are sent one for one).
+``epsilon=`` on :meth:`LDPCache.ask_messages` fixes the query part of a cloud call in
+advance (split evenly over the perturbed messages): the fixed-budget allocation of
+:mod:`.budget` decides it from public facts before each query.
+
 ``PerQueryLDP`` is the no-cache baseline: every query perturbed and sent.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +47,7 @@ from .store import CacheStore
 from .upstream import UpstreamError
 
 PRIVATE_ROLES = ("system", "developer", "user", "tool")
+ASSISTANT_TURNS = ("drop", "perturb")
 
 
 @dataclass(frozen=True)
@@ -74,27 +92,35 @@ def _rngs(seed, bit_seed=None) -> tuple[np.random.Generator, np.random.Generator
     return np.random.default_rng(a), np.random.default_rng(b)
 
 
-def _private_parts(messages: list[dict]) -> list[int]:
+def _private_parts(messages: list[dict], assistant_turns: str = "drop") -> list[int]:
+    """Indices of the messages that are sent (perturbed); every other message is dropped."""
+    if assistant_turns not in ASSISTANT_TURNS:
+        raise ValueError(f"assistant_turns must be one of {', '.join(ASSISTANT_TURNS)}, got {assistant_turns!r}")
     if not messages:
         raise ValueError("messages is empty")
+    roles = PRIVATE_ROLES + (("assistant",) if assistant_turns == "perturb" else ())
     idx = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m:
             raise ValueError(f"messages[{i}] needs a 'role'")
-        if m["role"] in PRIVATE_ROLES:
+        if m["role"] in roles:
             idx.append(i)
-    if not idx:
+    if not any(messages[i]["role"] in PRIVATE_ROLES for i in idx):
         raise ValueError("no user or system message to answer")
     return idx
 
 
-def _perturbed(mechanism, messages: list[dict], idx: list[int], rng) -> tuple[list[dict], float, str]:
-    out = [dict(m) for m in messages]
+def _perturbed(mechanism, messages: list[dict], idx: list[int], rng,
+               epsilon: float | None = None) -> tuple[list[dict], float, str]:
+    """The messages that go upstream: ``idx`` perturbed, in order; everything else dropped."""
+    out = []
     eps = 0.0
     texts = []
     for i in idx:
-        p = mechanism.perturb(_text(messages[i].get("content")), rng)
-        out[i]["content"] = p.text
+        text = _text(messages[i].get("content"))
+        p = (mechanism.perturb(text, rng) if epsilon is None
+             else mechanism.perturb(text, rng, epsilon=epsilon / len(idx)))
+        out.append({**messages[i], "content": p.text})
         eps += p.epsilon
         texts.append(p.text)
     return out, eps, "\n".join(texts)
@@ -105,7 +131,8 @@ class LDPCache:
 
     def __init__(self, upstream: Callable, ledger: PrivacyLedger, store: CacheStore,
                  mechanism: ExponentialTokenMechanism, embedder: Callable, scheduler=None,
-                 default_user: str = "default"):
+                 default_user: str = "default", assistant_turns: str = "drop"):
+        _private_parts([{"role": "user"}], assistant_turns)  # validates the option
         self.upstream = upstream
         self.ledger = ledger
         self.store = store
@@ -113,13 +140,15 @@ class LDPCache:
         self.embedder = embedder
         self.scheduler = scheduler or LDPScheduler()
         self.default_user = default_user
+        self.assistant_turns = assistant_turns
         self._lock = threading.Lock()
 
     @classmethod
     def open(cls, upstream: str | Callable, budget: float, state_dir: str | Path, *,
              epsilon_per_token: float = 36.0, rr_epsilon: float = 3.0, sim_threshold: float = 0.8,
              gain_threshold: float = 0.1, capacity: int = 256, eviction: str = "multifactor",
-             model: str | None = None, api_key: str | None = None, embedder=None, mechanism=None):
+             model: str | None = None, api_key: str | None = None, embedder=None, mechanism=None,
+             assistant_turns: str = "drop", length_bucket: int | None = None):
         """Everything persisted under ``state_dir`` (ledger.sqlite, cache.sqlite)."""
         from .embedder import MiniLMEmbedder
         from .eviction import make_policy
@@ -130,19 +159,22 @@ class LDPCache:
         up = OpenAIUpstream(upstream, model=model, api_key=api_key) if isinstance(upstream, str) else upstream
         return cls(up, PrivacyLedger(state / "ledger.sqlite", budget),
                    CacheStore(state / "cache.sqlite", capacity=capacity, policy=make_policy(eviction)),
-                   mechanism or ExponentialTokenMechanism.from_minilm(epsilon_per_token),
+                   mechanism or ExponentialTokenMechanism.from_minilm(epsilon_per_token,
+                                                                      length_bucket=length_bucket),
                    embedder or MiniLMEmbedder(),
-                   LDPScheduler(rr_epsilon, sim_threshold, gain_threshold))
+                   LDPScheduler(rr_epsilon, sim_threshold, gain_threshold), assistant_turns=assistant_turns)
 
-    def worst_case_epsilon(self, messages: list[dict]) -> float:
-        idx = _private_parts(messages)
-        return (sum(self.mechanism.query_epsilon(_text(messages[i].get("content"))) for i in idx)
-                + self.scheduler.worst_case_epsilon)
+    def worst_case_epsilon(self, messages: list[dict], epsilon: float | None = None) -> float:
+        idx = _private_parts(messages, self.assistant_turns)
+        query = (sum(self.mechanism.query_epsilon(_text(messages[i].get("content"))) for i in idx)
+                 if epsilon is None else epsilon)
+        return query + self.scheduler.worst_case_epsilon
 
-    def ask(self, query: str, user: str | None = None, seed=None, bit_seed=None, **params) -> Answer:
+    def ask(self, query: str, user: str | None = None, seed=None, bit_seed=None, epsilon: float | None = None,
+            **params) -> Answer:
         """Answer one query. ``seed``/``bit_seed`` fix the randomness (benchmarks only: leave them None)."""
         return self.ask_messages([{"role": "user", "content": query}], user=user, seed=seed,
-                                 bit_seed=bit_seed, params=params)
+                                 bit_seed=bit_seed, params=params, epsilon=epsilon)
 
     def _call(self, messages: list[dict], params: dict):
         chat = getattr(self.upstream, "chat", None)
@@ -152,15 +184,21 @@ class LDPCache:
         return self.upstream(messages, **params), None
 
     def ask_messages(self, messages: list[dict], user: str | None = None, seed=None, bit_seed=None,
-                     params: dict | None = None) -> Answer:
-        """Answer a chat; ``params`` (max_tokens, temperature, ...) go to the upstream unchanged."""
+                     params: dict | None = None, epsilon: float | None = None) -> Answer:
+        """Answer a chat; ``params`` (max_tokens, temperature, ...) go to the upstream unchanged.
+
+        ``epsilon``: what a cloud call may spend on the query (fixed before the call); default:
+        the mechanism's own per-query amount.
+        """
         params = dict(params or {})
         user = user or self.default_user
-        idx = _private_parts(messages)
+        if epsilon is not None and not (epsilon >= 0 and math.isfinite(epsilon)):
+            raise ValueError(f"query epsilon must be a finite number >= 0, got {epsilon}")
+        idx = _private_parts(messages, self.assistant_turns)
         key = "\n".join(_text(messages[i].get("content")) for i in idx)
         pert_rng, bit_rng = _rngs(seed, bit_seed)
         with self._lock:
-            res = self.ledger.reserve(user, self.worst_case_epsilon(messages), purpose="query")
+            res = self.ledger.reserve(user, self.worst_case_epsilon(messages, epsilon), purpose="query")
             decided = None
             try:
                 self.store.tick(user)
@@ -174,7 +212,7 @@ class LDPCache:
                     eps = self.ledger.settle(res, decided.epsilon)
                     return Answer(decided.entry.response, True, eps, self.ledger.spent(user),
                                   self.ledger.remaining(user), sim, None)
-                sent, eps_q, sent_text = _perturbed(self.mechanism, messages, idx, pert_rng)
+                sent, eps_q, sent_text = _perturbed(self.mechanism, messages, idx, pert_rng, epsilon)
                 text, raw = self._call(sent, params)
             except UpstreamError as e:
                 if e.sent:
@@ -203,12 +241,15 @@ class PerQueryLDP:
         self.upstream, self.ledger, self.mechanism = upstream, ledger, mechanism
         self.default_user = default_user
 
-    def ask(self, query: str, user: str | None = None, seed=None, **params) -> Answer:
+    def ask(self, query: str, user: str | None = None, seed=None, epsilon: float | None = None,
+            **params) -> Answer:
+        """``epsilon``: what this query may spend (default: the mechanism's own per-query amount)."""
         user = user or self.default_user
         messages = [{"role": "user", "content": query}]
         pert_rng, _ = _rngs(seed)
-        res = self.ledger.reserve(user, self.mechanism.query_epsilon(query), purpose="query")
-        sent, _, _ = _perturbed(self.mechanism, messages, [0], pert_rng)
+        res = self.ledger.reserve(user, self.mechanism.query_epsilon(query) if epsilon is None else epsilon,
+                                  purpose="query")
+        sent, _, _ = _perturbed(self.mechanism, messages, [0], pert_rng, epsilon)
         try:
             text = self.upstream(sent, **params)
         except UpstreamError as e:

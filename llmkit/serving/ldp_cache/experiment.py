@@ -110,11 +110,11 @@ class MemoMechanism:
     def __getattr__(self, name):
         return getattr(self.mechanism, name)
 
-    def perturb(self, text, rng):
-        key = (text, json.dumps(rng.bit_generator.state, sort_keys=True, default=str))
+    def perturb(self, text, rng, epsilon=None):
+        key = (text, epsilon, json.dumps(rng.bit_generator.state, sort_keys=True, default=str))
         out = self.memo.get(key)
         if out is None:
-            out = self.memo[key] = self.mechanism.perturb(text, rng)
+            out = self.memo[key] = self.mechanism.perturb(text, rng, epsilon=epsilon)
         return out
 
 

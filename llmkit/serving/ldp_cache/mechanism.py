@@ -24,6 +24,16 @@ Privacy argument
     the amount the accountant charges (``query_epsilon``).
     Neighbouring inputs are two queries with the same number of word pieces: like
     every token-level text mechanism (SanText, CusText) this releases the length.
+    With ``length_bucket=L`` the word pieces are padded (with a public filler token,
+    perturbed like the rest) up to the next multiple of L, so only the bucket is
+    released; neighbours are then any two queries in the same bucket, and the charge
+    is eps_tok x the padded length.
+
+Per-call budget (``perturb(..., epsilon=e)``): the fixed-budget experiment gives each
+cloud call a query epsilon e decided before the call; the mechanism then runs at
+eps_tok = e / (padded length), so the call costs exactly e. At e in single digits
+and ~40 word pieces that is eps_tok ~ 0.1: the output is close to uniform noise
+(see :mod:`.sentence` for a mechanism that stays usable there).
 
 Randomized response (``RandomizedResponse``)
     A bit b is reported truthfully with probability e^eps / (1 + e^eps), flipped
@@ -64,7 +74,8 @@ class ExponentialTokenMechanism:
     name = "exponential-token (SanText, bounded metric)"
 
     def __init__(self, embeddings: np.ndarray, epsilon_per_token: float,
-                 tokenize: Callable[[str], list[int]], detokenize: Callable[[list[int]], str]):
+                 tokenize: Callable[[str], list[int]], detokenize: Callable[[list[int]], str],
+                 length_bucket: int | None = None, pad_id: int = 0):
         if epsilon_per_token <= 0 or not math.isfinite(epsilon_per_token):
             raise ValueError(f"epsilon_per_token must be a positive number, got {epsilon_per_token}")
         emb = np.asarray(embeddings, dtype=np.float32)
@@ -75,6 +86,12 @@ class ExponentialTokenMechanism:
         self.epsilon_per_token = float(epsilon_per_token)
         self._tokenize = tokenize
         self._detokenize = detokenize
+        if length_bucket is not None and length_bucket < 1:
+            raise ValueError(f"length_bucket must be a positive number of tokens, got {length_bucket}")
+        if not 0 <= pad_id < emb.shape[0]:
+            raise ValueError(f"pad_id {pad_id} is outside the vocabulary (size {emb.shape[0]})")
+        self.length_bucket = length_bucket
+        self.pad_id = int(pad_id)
 
     @property
     def vocab_size(self) -> int:
@@ -86,29 +103,43 @@ class ExponentialTokenMechanism:
         sq = np.clip(2.0 - 2.0 * (x @ self.emb.T), 0.0, 4.0)
         return np.sqrt(sq) / 2.0
 
-    def log_probabilities(self, ids: Sequence[int]) -> np.ndarray:
+    def log_probabilities(self, ids: Sequence[int], epsilon_per_token: float | None = None) -> np.ndarray:
         """log P(y | x) for each input id (rows) over the whole vocabulary (columns)."""
-        logits = -0.5 * self.epsilon_per_token * self.distances(ids).astype(np.float64)
+        eps = self.epsilon_per_token if epsilon_per_token is None else epsilon_per_token
+        logits = -0.5 * eps * self.distances(ids).astype(np.float64)
         logits -= logits.max(axis=1, keepdims=True)
         return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
 
-    def perturb_ids(self, ids: Sequence[int], rng: np.random.Generator) -> list[int]:
+    def perturb_ids(self, ids: Sequence[int], rng: np.random.Generator,
+                    epsilon_per_token: float | None = None) -> list[int]:
         if len(ids) == 0:
             return []
-        logp = self.log_probabilities(ids)
+        logp = self.log_probabilities(ids, epsilon_per_token)
         gumbel = rng.gumbel(size=logp.shape)  # Gumbel-max: argmax(logp + G) ~ softmax(logp)
         return np.argmax(logp + gumbel, axis=1).tolist()
 
     def tokenize(self, text: str) -> list[int]:
-        return self._tokenize(text)
+        """Word-piece ids, padded with ``pad_id`` to the length bucket when one is set."""
+        ids = self._tokenize(text)
+        if self.length_bucket:
+            n = -(-max(len(ids), 1) // self.length_bucket) * self.length_bucket  # next multiple, >= 1 bucket
+            ids = ids + [self.pad_id] * (n - len(ids))
+        return ids
 
     def query_epsilon(self, text: str) -> float:
-        return self.epsilon_per_token * len(self._tokenize(text))
+        return self.epsilon_per_token * len(self.tokenize(text))
 
-    def perturb(self, text: str, rng: np.random.Generator) -> Perturbed:
-        ids = self._tokenize(text)
-        out = self.perturb_ids(ids, rng)
-        return Perturbed(self._detokenize(out), self.epsilon_per_token * len(ids), len(ids))
+    def perturb(self, text: str, rng: np.random.Generator, epsilon: float | None = None) -> Perturbed:
+        """Release ``text``; with ``epsilon`` the whole query costs that (eps_tok = epsilon / length)."""
+        ids = self.tokenize(text)
+        if epsilon is None:
+            eps_tok, eps = self.epsilon_per_token, self.epsilon_per_token * len(ids)
+        else:
+            if not (epsilon >= 0 and math.isfinite(epsilon)):
+                raise ValueError(f"query epsilon must be a finite number >= 0, got {epsilon}")
+            eps_tok, eps = (epsilon / len(ids) if ids else 0.0), float(epsilon)
+        out = self.perturb_ids(ids, rng, eps_tok)
+        return Perturbed(self._detokenize(out), eps, len(ids))
 
     def perturb_many(self, texts: Sequence[str], rng: np.random.Generator) -> tuple[list[str], float]:
         """Perturb several texts (e.g. the user and system messages of one request); epsilon adds up."""
@@ -117,18 +148,22 @@ class ExponentialTokenMechanism:
 
     @classmethod
     def word_level(cls, vocab: Sequence[str], embeddings: np.ndarray,
-                   epsilon_per_token: float) -> ExponentialTokenMechanism:
+                   epsilon_per_token: float, **kw) -> ExponentialTokenMechanism:
         """A small whitespace-word vocabulary (tests, demos); unknown words map to ``vocab[0]``."""
         index = {w: i for i, w in enumerate(vocab)}
 
         def tokenize(text: str) -> list[int]:
             return [index.get(w, 0) for w in re.findall(r"[\w.]+|[^\w\s]", text.lower())]
 
-        return cls(embeddings, epsilon_per_token, tokenize, lambda ids: " ".join(vocab[i] for i in ids))
+        return cls(embeddings, epsilon_per_token, tokenize, lambda ids: " ".join(vocab[i] for i in ids), **kw)
 
     @classmethod
-    def from_minilm(cls, epsilon_per_token: float, path=None) -> ExponentialTokenMechanism:
-        """The vocabulary and embeddings of all-MiniLM-L6-v2's word-piece table (29.5k tokens)."""
+    def from_minilm(cls, epsilon_per_token: float, path=None,
+                    length_bucket: int | None = None) -> ExponentialTokenMechanism:
+        """The vocabulary and embeddings of all-MiniLM-L6-v2's word-piece table (29.5k tokens).
+
+        With ``length_bucket`` the filler is the word piece ".".
+        """
         emb, domain, tok = _minilm_vocab(str(path) if path else None)
         index = {tid: i for i, tid in enumerate(domain)}
         unk = index[tok.unk_token_id]
@@ -140,7 +175,8 @@ class ExponentialTokenMechanism:
             return tok.decode([domain[i] for i in ids], skip_special_tokens=True,
                               clean_up_tokenization_spaces=True)
 
-        return cls(emb, epsilon_per_token, tokenize, detokenize)
+        pad = index[tok.convert_tokens_to_ids(".")]
+        return cls(emb, epsilon_per_token, tokenize, detokenize, length_bucket=length_bucket, pad_id=pad)
 
 
 @lru_cache(maxsize=1)
