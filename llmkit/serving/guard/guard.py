@@ -54,6 +54,11 @@ class Guard:
 
     def __init__(self, manifolds: dict[int, Manifold], center: torch.Tensor, scale: torch.Tensor,
                  threshold: float, meta: dict):
+        kind = meta.get("score", "energy")  # guards saved before the entropic score existed: energy
+        if kind not in S.SCORES:
+            raise ValueError(f"unknown chaos score '{kind}' in the guard's metadata: choose from "
+                             f"{', '.join(S.SCORES)}")
+        self.score_kind = kind
         self.manifolds = manifolds
         self.center = center.double()
         self.scale = scale.double()
@@ -78,7 +83,7 @@ class Guard:
     def fit(cls, model, tokenizer, conversations: list[list[dict]], *, model_name: str,
             layers: list[int] | None = None, n_components: int = 32, target_fpr: float = 0.05,
             holdout: float = 0.3, seed: int = 0, batch_size: int = 8, max_response_tokens: int = 256,
-            progress: bool = False) -> Guard:
+            progress: bool = False, score: str = "energy") -> Guard:
         """Fit on compliant conversations (each ending with the assistant's compliant response).
 
         A random ``holdout`` fraction is kept out of the manifold fit and used for the
@@ -97,23 +102,31 @@ class Guard:
         held, fit = [caps[i] for i in order[:n_hold]], [caps[i] for i in order[n_hold:]]
         return cls.fit_captures(fit, held, model_name=model_name, hidden_size=model.config.hidden_size,
                                 num_layers=model.config.num_hidden_layers, n_components=n_components,
-                                target_fpr=target_fpr, max_response_tokens=max_response_tokens)
+                                target_fpr=target_fpr, max_response_tokens=max_response_tokens, score=score)
 
     @classmethod
     def fit_captures(cls, fit: list[Capture], held: list[Capture], *, model_name: str, hidden_size: int,
                      num_layers: int, n_components: int = 32, target_fpr: float = 0.05,
-                     max_response_tokens: int = 256) -> Guard:
-        """Fit from captures already taken (the benchmark reuses one capture for every method)."""
+                     max_response_tokens: int = 256, score: str = "energy") -> Guard:
+        """Fit from captures already taken (the benchmark reuses one capture for every method).
+
+        ``score``: ``"energy"`` (Mahalanobis energy) or ``"entropic"`` (asymmetric entropic
+        divergence); see :mod:`llmkit.serving.guard.score`.
+        """
         if not fit or not held:
             raise ValueError("need compliant captures both to fit and to hold out")
+        if score not in S.SCORES:
+            raise ValueError(f"unknown chaos score '{score}': choose from {', '.join(S.SCORES)}")
         layers = list(fit[0].states)
         manifolds = {l: Manifold.fit(torch.cat([c.states[l] for c in fit]), n_components) for l in layers}
-        raw = S.layer_scores(held, manifolds)
+        raw = S.layer_scores(held, manifolds, score)
         center, scale = S.robust_scale(raw)
         scores = S.chaos(raw, center, scale)
         threshold = S.threshold_at_fpr(scores, target_fpr)
         meta = {
-            "format_version": FORMAT_VERSION, "method": "AEO chaos score (PPCA cross-entropy)",
+            "format_version": FORMAT_VERSION, "score": score,
+            "method": "AEO chaos score (" + ("PPCA cross-entropy" if score == "energy"
+                                             else "asymmetric entropic divergence") + ")",
             "model_name": model_name, "hidden_size": int(hidden_size), "num_layers": int(num_layers),
             "layers": layers, "n_components": int(n_components), "target_fpr": float(target_fpr),
             "threshold": threshold, "n_fit": len(fit), "n_holdout": len(held),
@@ -178,7 +191,7 @@ class Guard:
 
     def layer_z(self, caps: list[Capture]) -> torch.Tensor:
         """Standardised per-layer scores (n, L)."""
-        return (S.layer_scores(caps, self.manifolds) - self.center) / self.scale
+        return (S.layer_scores(caps, self.manifolds, self.score_kind) - self.center) / self.scale
 
     def score_captures(self, caps: list[Capture]) -> torch.Tensor:
         return self.layer_z(caps).mean(1)

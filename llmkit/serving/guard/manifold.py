@@ -58,6 +58,19 @@ class Manifold:
         e = (z * z / self.variances.double()).sum(-1) + resid.clamp_min(0) / self.noise.double()
         return (e / self.dim).float()
 
+    def whiten(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``z``, ``r``): coordinates of ``x - mu`` in the principal subspace divided by their standard
+        deviations (k columns), and the off-subspace residual divided by ``sqrt(noise)`` (d columns).
+
+        Under the manifold's Gaussian both have identity covariance, and
+        ``energy(x) = (|z|^2 + |r|^2) / d``.
+        """
+        xc = x.double() - self.mean.double()
+        comps = self.components.double()
+        proj = xc @ comps.T
+        r = (xc - proj @ comps) / self.noise.double().sqrt()
+        return proj / self.variances.double().sqrt(), r
+
     def pull(self, x: torch.Tensor, alpha: float) -> torch.Tensor:
         """Move states a fraction ``alpha`` of the way back to the manifold mean (for steering)."""
         return x + alpha * (self.mean.to(x) - x)

@@ -15,6 +15,28 @@ the median and MAD of held-out compliant responses, and the chaos score is the
 mean over layers: ``chaos = mean_l (c_l - med_l) / (1.4826 MAD_l)``. The guard
 flags a response when ``chaos > threshold``, the ``1 - target_fpr`` quantile of
 the held-out compliant chaos scores.
+
+That is the ``"energy"`` score (a Mahalanobis energy). Beside it, the ``"entropic"``
+score (:func:`entropic_layer_score`) also counts the trajectory's own entropy, so it is
+a divergence, not a cross-entropy. Exact definition, per layer: whiten the response's
+token states against the compliant manifold (``Manifold.whiten``: ``z_t`` in the k
+principal directions divided by their standard deviations, ``r_t`` the off-subspace
+residual divided by ``sqrt(noise)``), so that the compliant Gaussian ``q`` is
+``N(0, I)`` in both blocks. Model the trajectory as a Gaussian ``p``: in the subspace,
+mean ``m = mean_t z_t`` and the Ledoit-Wolf shrunk covariance ``S`` of the ``z_t``
+(eigenvalues ``s_i``); off the subspace, mean ``m_r = mean_t r_t`` and one isotropic
+variance ``v = mean_t |r_t - m_r|^2 / (d - k)``. Then
+
+    KL(p || q) = 1/2 [ |m|^2 + sum_i f(s_i) + |m_r|^2 + (d - k) f(v) ],   f(s) = s - 1 - log s
+
+and the layer score is ``KL / d``. ``f(s) >= 0`` is the entropic price of a variance
+``s`` against the compliant one (``-log s`` is the trajectory's own entropy per
+direction). The *asymmetric* form (the default, ``asymmetric=True``) replaces ``f`` with
+``f_+(s) = f(s)`` for ``s > 1`` and ``0`` otherwise: only scatter beyond the compliant
+spread and drift away from the compliant mean count; a trajectory tighter than the
+manifold (a short or repetitive answer) is not chaos. That is AEO's asymmetry written
+into the score: the compliant manifold is low-entropy, violations are high-entropy.
+Layer scores are calibrated and combined exactly as for the energy score.
 """
 
 from __future__ import annotations
@@ -24,12 +46,53 @@ import torch
 from llmkit.serving.guard.capture import Capture
 from llmkit.serving.guard.manifold import Manifold
 
+SCORES = ("energy", "entropic")
 
-def layer_scores(caps: list[Capture], manifolds: dict[int, Manifold]) -> torch.Tensor:
-    """Raw per-layer scores ``c_l``: (n_responses, n_layers), layers in ``manifolds`` order."""
+
+def entropic_layer_score(states: torch.Tensor, manifold: Manifold, asymmetric: bool = True) -> float:
+    """``KL(p_trajectory || q_compliant) / d`` of one response's states (T x d) at one layer.
+
+    See the module docstring for the exact definition. A one-token trajectory has no
+    spread (``S = 0``, ``v = 0``): with ``asymmetric=True`` only its drift counts; the
+    symmetric KL is then huge (``-log`` of a zero variance, floored at 1e-12).
+    """
+    from sklearn.covariance import ledoit_wolf
+
+    z, r = manifold.whiten(states)
+    t, k = z.shape
+    d = manifold.dim
+    m = z.mean(0)
+    if t >= 2:
+        cov, _ = ledoit_wolf(z.numpy())
+        s = torch.linalg.eigvalsh(torch.from_numpy(cov))
+    else:
+        s = torch.zeros(k, dtype=torch.float64)
+    mr = r.mean(0)
+    v = ((r - mr) ** 2).sum(-1).mean() / max(1, d - k)
+
+    def f(x):
+        x = torch.as_tensor(x, dtype=torch.float64).clamp_min(1e-12)
+        out = x - 1 - torch.log(x)
+        return torch.where(x > 1, out, torch.zeros_like(out)) if asymmetric else out
+
+    kl = 0.5 * (float(m @ m) + float(f(s).sum()) + float(mr @ mr) + (d - k) * float(f(v)))
+    return kl / d
+
+
+def layer_scores(caps: list[Capture], manifolds: dict[int, Manifold], kind: str = "energy") -> torch.Tensor:
+    """Raw per-layer scores: (n_responses, n_layers), layers in ``manifolds`` order.
+
+    ``kind="energy"``: ``c_l`` (mean Mahalanobis energy); ``kind="entropic"``: the asymmetric
+    entropic divergence of :func:`entropic_layer_score`.
+    """
+    if kind not in SCORES:
+        raise ValueError(f"unknown chaos score '{kind}': choose from {', '.join(SCORES)}")
     rows = []
     for cap in caps:
-        rows.append([float(m.energy(cap.states[l]).mean()) for l, m in manifolds.items()])
+        if kind == "energy":
+            rows.append([float(m.energy(cap.states[l]).mean()) for l, m in manifolds.items()])
+        else:
+            rows.append([entropic_layer_score(cap.states[l], m) for l, m in manifolds.items()])
     return torch.tensor(rows, dtype=torch.float64).reshape(len(caps), len(manifolds))
 
 
