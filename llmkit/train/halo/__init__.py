@@ -24,8 +24,12 @@ Deviations from the paper: the abstract does not give the auxiliary functions or
 how lambda enters the objective. We use smoothstep ramps and scale the optimizer
 update, which for SGD equals gradient flow on the homotopy objective with
 per-layer preconditioner Lambda(t) and for Adam keeps lambda meaningful (Adam
-normalises away a scaled gradient). With a tied LM head / embedding matrix the
-shared tensor belongs to the output unit. Under DDP frozen units still run
+normalises away a scaled gradient). A tied LM head / input embedding matrix has
+two roles: the head role trains from t = 0 with the output unit, the input
+role is the last unit and joins last: its share of the shared matrix's
+gradient (through the embedding lookup) is cut while lambda_e = 0 and scaled
+by lambda_e on its ramp (a gradient-level homotopy for that role, since the
+one tensor has one update; ``controller.py`` says why we do not untie). Under DDP frozen units still run
 backward (their gradients are discarded) because DDP needs a fixed set of
 parameters with gradients; DeepSpeed/FSDP (sharded parameters) are refused.
 

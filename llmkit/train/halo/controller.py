@@ -21,6 +21,21 @@ Optionally (``skip_frozen_backward``) units with lambda = 0 get
 the lowest unit that trains -- the compute saving. Under DDP that would break
 the gradient reducer's bookkeeping, so callers turn it off there (gradients
 are then computed and simply discarded).
+
+Tied LM head / input embedding (SmolLM2, Qwen2.5-0.5B/1.5B, Gemma tie them):
+the one matrix W gets g = g_head + g_lookup. The head role is unit 0 and
+trains from t = 0; the input role is the last unit (``Unit.tied_input``),
+which owns no parameter. A forward hook on the embedding module gates the
+lookup's share: lambda_e = 0 -> the lookup output is detached (W gets g_head
+only, and backprop can stop at the lowest trained layer); 0 < lambda_e < 1 ->
+its gradient is multiplied by lambda_e (W gets g_head + lambda_e g_lookup);
+lambda_e = 1 -> untouched. So the input role joins last, as the order says.
+This is a gradient-level homotopy for that one role (W has a single update,
+which cannot be split by role); untying instead would change the model (a
+second 28M-parameter matrix for SmolLM2-135M, 21% of it, with its Adam
+state) and the comparison with full finetuning of the tied model. W's
+*values* still move from t = 0 through the head's updates: that is what
+tying means.
 """
 
 from __future__ import annotations
@@ -57,6 +72,23 @@ class HaloController:
         self.drop_frozen_state = schedule.method == "lisa" if drop_frozen_state is None else drop_frozen_state
         self.current: list[float] = [1.0] * len(units)
         self._snapshots: list[tuple[torch.nn.Parameter, torch.Tensor, float]] = []
+        # reentrant gradient checkpointing needs the lookup output to require grad (set by HaloCallback)
+        self.keep_input_requires_grad = False
+        self._tied_k = next((k for k, u in enumerate(units) if u.tied_input is not None), None)
+        self._tied_hook = None
+        if self._tied_k is not None:
+            self._tied_hook = units[self._tied_k].tied_input.register_forward_hook(self._gate_tied_input)
+
+    def _gate_tied_input(self, module, args, out):
+        """Forward hook on the tied input embedding: scale (or cut) the gradient its lookup sends to W."""
+        lam = self.current[self._tied_k]
+        if lam >= 1 or not torch.is_tensor(out) or not out.requires_grad:
+            return out
+        if lam <= 0:
+            cut = out.detach()
+            return cut.requires_grad_(True) if self.keep_input_requires_grad else cut
+        out.register_hook(lambda g: g * lam)
+        return out
 
     def lambdas(self, step: int) -> list[float]:
         return self.schedule.lambdas(step, self.total_steps)
@@ -93,6 +125,10 @@ class HaloController:
                         state.pop(p, None)
 
     def restore_requires_grad(self) -> None:
+        """End of training: every parameter trainable again and the tied-input gate removed."""
+        if self._tied_hook is not None:
+            self._tied_hook.remove()
+            self._tied_hook = None
         for unit in self.units:
             for p in unit.params:
                 p.requires_grad_(True)

@@ -62,6 +62,9 @@ class HaloCallback(TrainerCallback):
         if skip and args.gradient_checkpointing:
             # reentrant checkpointing yields no parameter grads when the block input does not require grad
             model.enable_input_require_grads()
+            self.controller.keep_input_requires_grad = True
+        if getattr(model, "_require_grads_hook", None) is not None:  # e.g. PEFT + checkpointing set it up
+            self.controller.keep_input_requires_grad = True
 
     def on_step_begin(self, args, state, control, **kw):
         self.t = homotopy_t(state.global_step, state.max_steps, self.controller.schedule.homotopy_fraction)

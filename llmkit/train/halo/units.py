@@ -3,10 +3,14 @@
 Unit 0 holds everything that is neither a decoder layer nor an input
 embedding (the LM head, the final norm); then one unit per decoder layer from
 the last to the first; then the input embeddings. A tied LM head/embedding
-matrix is a single tensor: it goes to the output unit, because it receives
-the head's gradient and the paper starts from "the output layers". Units with
-no trainable parameter (LoRA leaves most modules frozen) are dropped, so unit 0
-is always something that trains.
+matrix is a single tensor with two roles: as the LM head it belongs to the
+output unit (it trains from t = 0, the paper starts from "the output layers");
+its input-embedding role is a unit of its own, last in the order, that holds
+no parameter but the embedding *module* (``Unit.tied_input``): the controller
+gates the gradient that flows into the shared matrix through the embedding
+lookup, so the input role joins last (see ``controller.py``). Units with no
+trainable parameter and no tied input role (LoRA leaves most modules frozen)
+are dropped, so unit 0 is always something that trains.
 
 Decoder layers are recognised by the ``...layers.<i>.`` / ``h.<i>.`` /
 ``blocks.<i>.`` naming used by Llama, Qwen, Mistral, Gemma, GPT-2 and most
@@ -29,6 +33,9 @@ class Unit:
     name: str
     params: list[torch.nn.Parameter] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
+    # the input-embedding module whose weight is the (trainable) tied LM head: this unit's lambda gates
+    # the gradient that reaches the shared matrix through the lookup, not a parameter of its own
+    tied_input: torch.nn.Module | None = None
 
     def numel(self) -> int:
         return sum(p.numel() for p in self.params)
@@ -65,5 +72,8 @@ def layer_units(model: torch.nn.Module, only_trainable: bool = True) -> list[Uni
             unit = head
         unit.params.append(p)
         unit.names.append(name)
+    if tied is not None and any(p is tied for p in head.params):
+        embed.tied_input = model.get_input_embeddings()
     ordered = [head] + [layers[i] for i in sorted(layers, reverse=True)] + [embed]
-    return [u for u in ordered if u.params]
+    return [u for u in ordered if u.params or u.tied_input is not None]
+
