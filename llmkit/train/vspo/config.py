@@ -8,7 +8,8 @@ from trl import GRPOConfig
 
 from llmkit.optim.hf import LlmkitOptimMixin
 
-MODES = ("vspo", "grpo", "guidance")
+MODES = ("vspo", "grpo", "guidance", "teacher")
+TEACHER_FILTERS = ("none", "behavior")
 SPREADS = ("linspace", "uniform")
 ANNEALS = ("linear", "cosine", "none")
 CORRECTIONS = ("none", "token_truncate", "sequence_truncate")
@@ -17,11 +18,14 @@ REWARD_AGGREGATIONS = ("sum", "upgrad", "locu")
 
 @dataclass
 class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
-    """Vector-Steered Policy Optimization. ``mode=grpo`` is the reward-shaped GRPO baseline (same rewards,
-    alpha = 0); ``mode=guidance`` trains nothing and evaluates the base model steered at ``guidance_alpha``."""
+    """Vector-Steered Policy Optimization and the paper's three baselines. ``mode=grpo`` is reward-shaped GRPO
+    (same rewards, alpha = 0); ``mode=guidance`` trains nothing and evaluates the base model steered at
+    ``guidance_alpha``; ``mode=teacher`` is teacher-trace distillation (SFT on the steered model's own samples,
+    then evaluation unsteered; ``llmkit.train.vspo.teacher``)."""
 
     mode: str = field(default="vspo", metadata={"help": "vspo | grpo (reward shaping, alpha=0) | guidance "
-                                                        "(no training; steering at inference only)"})
+                                                        "(no training; steering at inference only) | teacher "
+                                                        "(SFT on steered traces, evaluated unsteered)"})
     # ---- behaviour and rewards
     behavior: str = field(default="verbosity", metadata={
         "help": "target behaviour: verbosity | confidence | confident_answer (rare on the bundled model) | "
@@ -92,6 +96,23 @@ class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
                 "checkpoint and stop without the final evaluation; rerunning the same command resumes (splits a "
                 "long CPU run into pieces). The evaluation before training counts toward the budget"})
     guidance_alpha: float = field(default=2.0, metadata={"help": "steering intensity at inference (guidance mode)"})
+    # ---- teacher-trace distillation (mode teacher)
+    teacher_alpha: float | None = field(default=None, metadata={
+        "help": "steering intensity of the teacher's samples (default: guidance_alpha)"})
+    teacher_num_traces: int | None = field(default=None, metadata={
+        "help": "traces to sample (default: max_steps x per_device_train_batch_size x gradient_accumulation_steps, "
+                "the completions a VSPO/GRPO run of this config samples)"})
+    teacher_max_new_tokens: int | None = field(default=None, metadata={
+        "help": "tokens per trace (default: max_completion_length)"})
+    teacher_filter: str = field(default="none", metadata={
+        "help": "none (distil every trace) | behavior (keep the traces that show the behaviour; all if none does)"})
+    # ---- behaviour-rate curve during training
+    curve_every_steps: int = field(default=0, metadata={
+        "help": "every N optimizer steps (and at the last), greedy unsteered behaviour rate and accuracy on the "
+                "first curve_num_problems evaluation problems (0: off); gives first_step_at_target in eval.json"})
+    curve_num_problems: int = field(default=16, metadata={"help": "evaluation problems per curve point"})
+    target_behavior_rate: float = field(default=0.5, metadata={
+        "help": "behaviour rate whose first crossing on the curve is reported as first_step_at_target"})
     tiny_model_seed: int = field(default=0, metadata={"help": "seed of the in-process model when "
                                                               "model_name_or_path is 'tiny-random'"})
 
@@ -106,6 +127,14 @@ class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
                                      ("reward_aggregation", self.reward_aggregation, REWARD_AGGREGATIONS)):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got '{value}'")
+        if self.teacher_filter not in TEACHER_FILTERS:
+            raise ValueError(f"teacher_filter must be one of {', '.join(TEACHER_FILTERS)}, got '{self.teacher_filter}'")
+        if self.teacher_num_traces is not None and self.teacher_num_traces < 1:
+            raise ValueError(f"teacher_num_traces must be >= 1, got {self.teacher_num_traces}")
+        if self.curve_every_steps < 0 or self.curve_num_problems < 1:
+            raise ValueError("curve_every_steps must be >= 0 and curve_num_problems >= 1")
+        if not 0 < self.target_behavior_rate <= 1:
+            raise ValueError(f"target_behavior_rate must be in (0, 1], got {self.target_behavior_rate}")
         if self.alpha_max < 0 or self.alpha_final < 0:
             raise ValueError("alpha_max and alpha_final must be >= 0")
         if not 0 < self.alpha_anneal_fraction <= 1:

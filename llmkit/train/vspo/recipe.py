@@ -1,7 +1,11 @@
 """``llmkit train vspo``: VSPO (steering-vector GRPO) and its baselines on GSM8K-style data.
 
 Modes: ``vspo`` (steered rollouts, loss on the unsteered policy), ``grpo`` (reward-shaped GRPO: the same
-rewards, alpha = 0) and ``guidance`` (no training; the base model steered at ``guidance_alpha`` at inference).
+rewards, alpha = 0), ``guidance`` (no training; the base model steered at ``guidance_alpha`` at inference) and
+``teacher`` (teacher-trace distillation: SFT on the steered model's own samples, evaluated unsteered;
+``teacher.py``). With ``curve_every_steps N`` a trained mode also evaluates (greedy, unsteered) every N steps on
+``curve_num_problems`` problems and reports ``first_step_at_target``: the first step whose behaviour rate
+reaches ``target_behavior_rate`` (null: not reached by ``max_steps``; guidance: 0 or null).
 
 Model names: a Hugging Face id or local folder, the bundled alias (default), or ``tiny-llama`` (a random
 2-layer Llama with a byte-level ChatML tokenizer written to ``<output_dir>/tiny-llama``; smoke tests only).
@@ -144,6 +148,29 @@ def time_budget_callback(minutes: float, started: float):
     return StopAfter()
 
 
+def curve_callback(evaluate_fn, every: int, sink: list, path: Path):
+    """Every ``every`` optimizer steps (and at the last) append ``evaluate_fn(model)`` with its step to ``sink``
+    and to the JSONL file ``path``."""
+    from transformers import TrainerCallback
+
+    class Curve(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if model is None or not (state.global_step % every == 0 or state.global_step == state.max_steps):
+                return control
+            point = {"step": state.global_step, **evaluate_fn(model)}
+            sink.append(point)
+            with path.open("a") as f:
+                f.write(json.dumps(point) + "\n")
+            return control
+
+    return Curve()
+
+
+def first_step_at(curve: list[dict], target: float) -> int | None:
+    """The first curve step whose behaviour rate is >= ``target``; None when no point reaches it."""
+    return next((p["step"] for p in sorted(curve, key=lambda p: p["step"]) if p["behavior_rate"] >= target), None)
+
+
 def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
     from datasets import Dataset
     from trl import get_peft_config
@@ -175,7 +202,7 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
     if cfg.eval_path and cfg.eval_num_problems > 0:
         eval_rows = build_rows(load_records(cfg.eval_path, cfg.eval_num_problems, "test", task_name), cfg.behavior,
                                cfg.hint_seed + 1, task_name)
-    need_vector = cfg.mode == "guidance" or (cfg.mode == "vspo" and cfg.alpha_max > 0)
+    need_vector = cfg.mode in ("guidance", "teacher") or (cfg.mode == "vspo" and cfg.alpha_max > 0)
     vector = None
     if need_vector and is_main:
         vector = steering_vector_for(cfg, model, tok, train_rows, out)
@@ -207,16 +234,55 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
         results["before"] = run_eval(0.0, "before")
         eval_json.write_text(json.dumps(results, indent=2) + "\n")
 
+    curve: list[dict] = []
+    callbacks = [MetricsJsonlCallback(out / "metrics.jsonl")]
+    if cfg.stop_after_minutes is not None:
+        callbacks.append(time_budget_callback(cfg.stop_after_minutes, started))
+    if cfg.curve_every_steps and eval_rows and is_main and cfg.mode != "guidance":
+        curve_rows = eval_rows[:cfg.curve_num_problems]
+
+        def curve_eval(m):
+            r = evaluate(m, tok, curve_rows, cfg.behavior, max_new_tokens=cfg.eval_max_new_tokens,
+                         batch_size=cfg.eval_batch_size, behavior_kwargs=bkw, task_name=task_name, progress=False)
+            return {k: r[k] for k in ("n", "behavior_rate", "accuracy", "mean_words")}
+
+        if (out / "curve.jsonl").is_file() and resume:
+            curve += [json.loads(line) for line in (out / "curve.jsonl").read_text().splitlines() if line.strip()]
+        elif (out / "curve.jsonl").is_file():
+            (out / "curve.jsonl").unlink()
+        callbacks.append(curve_callback(curve_eval, cfg.curve_every_steps, curve, out / "curve.jsonl"))
+
     if cfg.mode == "guidance":
         results["after"] = run_eval(cfg.guidance_alpha, f"guidance alpha={cfg.guidance_alpha:g}")
+        if results["after"] is not None:
+            results["target_behavior_rate"] = cfg.target_behavior_rate
+            results["first_step_at_target"] = 0 if results["after"]["behavior_rate"] >= cfg.target_behavior_rate \
+                else None
+    elif cfg.mode == "teacher":
+        from llmkit.train.vspo.teacher import distill, teacher_traces
+
+        if resume:
+            raise ValueError("mode teacher does not resume from checkpoints: rerun it with a fresh output_dir")
+        t0 = time.time()
+        traces, stats = teacher_traces(model, tok, train_rows, vector, cfg, bkw)
+        print(f"teacher traces: {stats['traces']} at alpha {stats['alpha']:g}, {cfg.behavior} rate "
+              f"{stats['behavior_rate']:.3f}, {stats['kept']} kept for SFT")
+        results["teacher"] = stats
+        trainer = distill(model, tok, traces, cfg, out, callbacks, get_peft_config(model_args))
+        results["train_seconds"] = round(time.time() - t0, 1)
+        results["steps"] = trainer.state.global_step
+        trainer.save_model(str(out))
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if not is_main:
+            return 0
+        results["after"] = run_eval(0.0, "after teacher distillation (unsteered)")
     else:
         funcs, weights = reward_functions(cfg)
         cfg.reward_weights = weights
         trainer = VSPOTrainer(
             model=model, args=cfg, reward_funcs=funcs, train_dataset=Dataset.from_list(train_rows),
             processing_class=tok, peft_config=get_peft_config(model_args), steering_vector=vector,
-            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")]
-            + ([time_budget_callback(cfg.stop_after_minutes, started)] if cfg.stop_after_minutes is not None else []),
+            callbacks=callbacks,
         )
         t0 = time.time()
         trainer.train(resume_from_checkpoint=resume)
@@ -240,6 +306,10 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
             print(f"reward curves: {png}")
     if not is_main:
         return 0
+    if curve:
+        results["curve"] = curve
+        results["target_behavior_rate"] = cfg.target_behavior_rate
+        results["first_step_at_target"] = first_step_at(curve, cfg.target_behavior_rate)
     eval_json.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results: {eval_json}")
     return 0
