@@ -13,14 +13,32 @@ spheres). ``RiemannianOnePlusOneES(manifold="sphere"|"stiefel", sigma0, truncati
 4. keep y if ``f(y) <= f(x)`` (only the order of the two values is used: comparison-based);
 5. adapt sigma by the 1/5-success rule (``exp((success - 1/5) / D)``, ``D = sqrt(d + 1)``).
 
-Deviation from the paper: its analysis uses a fixed step ``sigma0``; here sigma adapts by the 1/5 rule
+Deviations from the paper: its analysis uses a fixed step ``sigma0``; here sigma adapts by the 1/5 rule
 by default (``adapt=False`` gives the fixed-step method), which is what makes the method practical under
 a small budget. R is an absolute radius that keeps each step inside a ball where the retraction is a good
-chart (default pi/4 on the sphere, 0.5 on Stiefel).
+chart (default pi/4 on the sphere, 0.5 on Stiefel). sigma is capped at ``R / sqrt(d)`` (``clamp=False``
+turns the cap off): above it ``||v|| ~ sigma sqrt(d)`` exceeds R almost surely, so the truncated step is a
+uniform tangent direction of length R whatever sigma is, and a larger sigma only costs the 1/5 rule
+evaluations to shrink it back (tests check that the cap saves evaluations when sigma0 is far too large).
 
-Baselines: ``euclidean_one_plus_one_es`` (the ambient (1+1)-ES with the same 1/5 rule, iterating in R^n
-and evaluating f at the projection of its points back onto the manifold; its answer is projected too) and
-``cma_minimize`` (``cma``'s CMA-ES on the same projected objective).
+Baselines: ``euclidean_one_plus_one_es`` and ``cma_minimize`` (``cma``'s CMA-ES). The fair "Euclidean ES
+projected back" is a Euclidean ES that does not know the manifold: its state (mean and sigma) lives in
+R^n, it mutates isotropically in R^n with the ambient constants (D = sqrt(n + 1)), and because f is only
+defined on M it evaluates f at the projection of each candidate, projecting its answer at the end. Its
+iterate is never normalised: an ES that replaces its state by the projection after every step uses the
+projection as a retraction and is a Riemannian ES in disguise.
+
+What to expect from the comparison (``compare_on_sparse_pca``; figures in bench/results/select_quick.json,
+keys ``es_sphere_*`` and ``es_stiefel_*``). On the sphere the ambient ES loses nothing it cannot recover:
+f o proj is constant on rays, the normal space is the single radial direction (d = n - 1, so the paper's
+d-vs-n factor is 1 - 1/n), and the drift of the ambient iterate's norm only rescales its step
+isotropically, which the 1/5 rule absorbs; the two reach the same overlap in about the same number of
+evaluations, the ambient one often slightly sooner (the norm drift acts as extra step-size damping: a
+step-size constant, not geometry). On St(n, p) the normal space holds p(p+1)/2 of the np ambient
+directions and the ambient iterate drifts in it anisotropically (its singular values spread, ~3x apart
+after a few hundred steps on St(12, 8), so the projected step is scaled differently per direction); there
+this ES reaches the p-component sparse-PCA subspace in clearly fewer evaluations. The advantage grows with
+the share (p + 1) / (2n) of ambient directions normal to M and is absent on spheres, where it is 1/n.
 """
 
 from __future__ import annotations
@@ -82,7 +100,7 @@ class RiemannianOnePlusOneES:
     """
 
     def __init__(self, manifold: str = "sphere", sigma0: float = 0.3, truncation_radius: float | None = None,
-                 *, adapt: bool = True, seed: int | None = None):
+                 *, adapt: bool = True, clamp: bool = True, seed: int | None = None):
         if manifold not in ("sphere", "stiefel"):
             raise ValueError(f"manifold must be 'sphere' or 'stiefel' (got {manifold!r})")
         if sigma0 <= 0:
@@ -92,6 +110,7 @@ class RiemannianOnePlusOneES:
         self.truncation_radius = float(truncation_radius if truncation_radius is not None
                                        else (math.pi / 4 if manifold == "sphere" else 0.5))
         self.adapt = adapt
+        self.clamp = clamp
         self.rng = np.random.default_rng(seed)
         self.sigma = self.sigma0
 
@@ -101,7 +120,10 @@ class RiemannianOnePlusOneES:
             raise ValueError("budget must be >= 1")
         d = intrinsic_dim(x.shape, self.manifold)
         damp = math.sqrt(d + 1.0)
-        sigma = self.sigma0
+        # above this, ||v|| ~ sigma sqrt(d) exceeds R almost surely: the truncated step is a uniform direction
+        # with length R whatever sigma is, so a larger sigma carries no information (see module docstring)
+        cap = self.truncation_radius / math.sqrt(d) if self.clamp else math.inf
+        sigma = min(self.sigma0, cap)
         fx = float(f(x))
         history = [fx]
         for _ in range(budget - 1):
@@ -115,7 +137,7 @@ class RiemannianOnePlusOneES:
             if success:
                 x, fx = y, fy
             if self.adapt:
-                sigma *= math.exp(((1.0 if success else 0.0) - 0.2) / damp)
+                sigma = min(cap, sigma * math.exp(((1.0 if success else 0.0) - 0.2) / damp))
             history.append(fx)
         self.sigma = sigma
         return x, fx, history
@@ -173,25 +195,123 @@ def cma_minimize(f: Callable[[np.ndarray], float], x0, budget: int, sigma0: floa
     return best[1], best[0], history[:budget]
 
 
-def sparse_pca_problem(n: int = 30, k: int = 5, strength: float = 3.0, lam: float = 0.05, seed: int = 0):
-    """A sparse-PCA instance on the sphere: ``f(x) = -x^T A x + lam ||x||_1``, A = spike + Wishart noise.
+def sparse_pca_problem(n: int = 30, k: int = 5, strength: float = 3.0, lam: float = 0.05, seed: int = 0,
+                       p: int = 1):
+    """A sparse-PCA instance: A = sparse spike + Wishart noise (4n samples), the objective penalises ||.||_1.
 
-    Returns ``(f, A, u1)`` with u1 the leading eigenvector of A (what the search should find).
+    ``p = 1`` (the sphere S^{n-1}): ``f(x) = -x^T A x + lam ||x||_1``; returns ``(f, A, u1)`` with u1 the leading
+    eigenvector of A (what the search should find). ``p >= 2`` (Stiefel St(n, p), the p-component version):
+    ``f(X) = -tr(X^T A X) + lam ||X||_1`` with a rank-p spike whose columns are k-sparse on disjoint supports
+    (k is lowered to n // p where needed) and strengths ``strength * linspace(1.5, 1, p)``; returns
+    ``(f, A, U)`` with U the n x p leading eigenvectors (the subspace the search should find).
     """
+    if p < 1 or p > n or k < 1 or n < 2:
+        raise ValueError(f"sparse_pca_problem needs n >= 2, 1 <= p <= n and k >= 1 (got n={n}, p={p}, k={k})")
     rng = np.random.default_rng(seed)
-    v = np.zeros(n)
-    idx = rng.choice(n, size=k, replace=False)
-    v[idx] = rng.choice([-1.0, 1.0], size=k) / math.sqrt(k)
+    if p == 1:
+        v = np.zeros(n)
+        idx = rng.choice(n, size=min(k, n), replace=False)
+        v[idx] = rng.choice([-1.0, 1.0], size=idx.size) / math.sqrt(idx.size)
+        spike = strength * np.outer(v, v)
+    else:
+        k = min(k, n // p)
+        support = rng.permutation(n)[: k * p].reshape(p, k)
+        v = np.zeros((n, p))
+        for j in range(p):
+            v[support[j], j] = rng.choice([-1.0, 1.0], size=k) / math.sqrt(k)
+        spike = strength * (v * np.linspace(1.5, 1.0, p)) @ v.T
     g = rng.standard_normal((4 * n, n))
-    a = strength * np.outer(v, v) + g.T @ g / (4 * n)
-    w, q = np.linalg.eigh(a)
-    u1 = q[:, -1]
+    a = spike + g.T @ g / (4 * n)
+    _, q = np.linalg.eigh(a)
+    if p == 1:
+        def f(x):
+            return float(-x @ a @ x + lam * np.abs(x).sum())
+
+        return f, a, q[:, -1]
 
     def f(x):
-        return float(-x @ a @ x + lam * np.abs(x).sum())
+        return float(-np.trace(x.T @ a @ x) + lam * np.abs(x).sum())
 
-    return f, a, u1
+    return f, a, q[:, -p:]
 
 
-__all__ = ["RiemannianOnePlusOneES", "cma_minimize", "euclidean_one_plus_one_es", "intrinsic_dim", "project",
-           "retract", "sparse_pca_problem", "tangent_project"]
+def overlap(x: np.ndarray, u: np.ndarray) -> float:
+    """How well x recovers the target: ``|<x, u>|`` on the sphere, ``||U^T X||_F^2 / p`` on Stiefel (1 = found)."""
+    x, u = np.asarray(x, dtype=float), np.asarray(u, dtype=float)
+    if x.shape != u.shape:
+        raise ValueError(f"overlap needs x and u of one shape (got {x.shape} and {u.shape})")
+    if x.ndim == 1:
+        return float(abs(x @ u))
+    return float(np.linalg.norm(u.T @ x) ** 2 / x.shape[1])
+
+
+def evaluations_to_target(run: Callable[[Callable], object], f: Callable[[np.ndarray], float],
+                          score: Callable[[np.ndarray], float], target: float) -> tuple[int | None, float]:
+    """Calls ``run(g)`` with g a counting wrapper of f and watches the best point evaluated so far.
+
+    Returns ``(k, best_score)``: k the number of evaluations after which that best point first scored
+    ``>= target`` (None if it never did), best_score the score of the best point at the end. Works for any
+    minimizer that evaluates points on the manifold (the baselines evaluate f at projected points).
+    """
+    state = {"evals": 0, "best": math.inf, "score": -math.inf, "hit": None}
+
+    def g(x):
+        v = float(f(x))
+        state["evals"] += 1
+        if v < state["best"]:
+            state["best"], state["score"] = v, float(score(x))
+            if state["hit"] is None and state["score"] >= target:
+                state["hit"] = state["evals"]
+        return v
+
+    run(g)
+    return state["hit"], state["score"]
+
+
+ES_METHODS = ("riemannian", "euclidean", "cma")
+
+
+def compare_on_sparse_pca(n: int, p: int = 1, seeds: int = 8, budget: int = 2000, sigma0: float = 0.05,
+                          target: float = 0.95, methods: tuple[str, ...] = ES_METHODS, k: int = 5) -> dict:
+    """The sparse-PCA race with its success criterion fixed before the run.
+
+    For each seed s: instance ``sparse_pca_problem(n, k, seed=s, p=p)``, start ``x0`` a random point of the
+    manifold (seed 100 + s), the same sigma0 and budget for every method. Per method, returns
+    ``{"evals": [...], "overlap": [...]}`` with evals the evaluations until the best point so far first
+    reached ``overlap >= target`` (None: not within the budget) and overlap that best point's final overlap.
+    Methods: "riemannian" (this module's ES), "euclidean" (``euclidean_one_plus_one_es``, the ambient ES
+    projected back), "cma" (``cma_minimize``).
+    """
+    unknown = [m for m in methods if m not in ES_METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {ES_METHODS}")
+    manifold = "sphere" if p == 1 else "stiefel"
+    out = {m: {"evals": [], "overlap": []} for m in methods}
+    for s in range(seeds):
+        f, _, u = sparse_pca_problem(n=n, k=k, seed=s, p=p)
+        z = np.random.default_rng(100 + s).standard_normal(n if p == 1 else (n, p))
+        x0 = project(z, manifold)
+        runs = {"riemannian": lambda g: RiemannianOnePlusOneES(manifold, sigma0, seed=s).minimize(g, x0, budget),
+                "euclidean": lambda g: euclidean_one_plus_one_es(g, x0, budget, sigma0, manifold=manifold, seed=s),
+                "cma": lambda g: cma_minimize(g, x0, budget, sigma0, manifold=manifold, seed=s)}
+        for m in methods:
+            hit, ov = evaluations_to_target(runs[m], f, lambda x: overlap(x, u), target)
+            out[m]["evals"].append(hit)
+            out[m]["overlap"].append(ov)
+    return out
+
+
+def summarize_evaluations(evals: list[int | None], budget: int) -> dict:
+    """Success rate and the median / quartiles of evaluations-to-target, a miss counted as ``budget + 1``
+    (censored: a method that misses is never credited with fewer evaluations than the budget)."""
+    if not evals:
+        raise ValueError("summarize_evaluations needs at least one run")
+    e = np.array([budget + 1 if v is None else v for v in evals], dtype=float)
+    q1, med, q3 = np.percentile(e, [25, 50, 75])
+    return {"success_rate": float(np.mean([v is not None for v in evals])), "median": float(med),
+            "q1": float(q1), "q3": float(q3)}
+
+
+__all__ = ["ES_METHODS", "RiemannianOnePlusOneES", "cma_minimize", "compare_on_sparse_pca", "euclidean_one_plus_one_es",
+           "evaluations_to_target", "intrinsic_dim", "overlap", "project", "retract", "sparse_pca_problem",
+           "summarize_evaluations", "tangent_project"]
