@@ -1,21 +1,27 @@
 """LQZO bench: MeZO (full precision), QZO and LQZO at INT4 and INT2, and first-order QLoRA, on the bundled model.
 
-    python bench/lqzo.py --quick      # a few ZO steps per method; ends with one JSON line
-    python bench/lqzo.py              # more steps, more eval rows
+    python bench/lqzo.py --quick      # 60 ZO steps per run, lr swept per method; ends with one JSON line
+    python bench/lqzo.py              # 200 steps, 3 seeds, more test rows
 
-Every ZO method gets the same number of forward passes (steps x 2q) on the same data (GSM8K train
-solutions interleaved with the procedural sentiment task, see llmkit/train/lqzo/task.py for why that
-task); QLoRA gets the same number of forward passes too (each with a backward). Reported: completion
-loss on held-out GSM8K test solutions and two-choice accuracy on held-out sentiment problems, before and
-after; peak memory of an LQZO step vs a forward of the same batch vs a QLoRA step (fresh process per
-probe); LQZO step time vs two forwards. Writes bench/results/lqzo.json (lqzo_quick.json for --quick) and
-a PNG.
+A fair comparison at an equal budget: every ZO run gets the same number of forward passes (steps x 2)
+on the same data (GSM8K train solutions interleaved with the procedural sentiment task, see
+llmkit/train/lqzo/task.py for why that task). Each method (and bit-width) gets its OWN learning rate,
+chosen from a small sweep (``--lr-sweep`` for the scale-training methods, ``--mezo-lr-sweep`` for MeZO
+on raw weights) by the completion loss on validation problems (GSM8K *train* problems never trained
+on); the chosen lr is then rerun for each of ``--seeds`` seeds, and only the test figures are reported:
+completion loss on held-out GSM8K *test* solutions and two-choice accuracy on held-out sentiment
+problems (``llmkit.train.lqzo.benchlib.tuned_runs``). Also: peak memory of an LQZO step vs a forward of
+the same batch vs a QLoRA step (fresh process per probe); LQZO step time vs two forwards.
+
+Each run cell (mezo, qzo_int4, lqzo_int4, qzo_int2, lqzo_int2, qlora_nf4) is saved to
+bench/results/lqzo[_quick]_parts/<cell>.json as soon as it finishes and reused by later invocations with
+the same configuration (``--only`` trains a subset, e.g. in two processes; ``--fresh`` ignores saved
+parts). Writes bench/results/lqzo.json (lqzo_quick.json for --quick) and a PNG.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import tempfile
@@ -23,103 +29,183 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+CELLS = ("mezo", "qzo_int4", "lqzo_int4", "qzo_int2", "lqzo_int2", "qlora_nf4")
 
 
-class _Skip(Exception):
-    pass
+def _floats(text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"learning rates must be positive, got {text!r}")
+    return vals
+
+
+def _cells(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in CELLS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown cell(s) {', '.join(bad)}; choose from {', '.join(CELLS)}")
+    return names
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--steps", type=int, default=None, help="ZO steps per method (quick 4, full 40)")
-    ap.add_argument("--lr", type=float, default=2e-3, help="ZO step size for the scales (relative)")
-    ap.add_argument("--mezo-lr", type=float, default=1e-6, help="MeZO step size (raw weights)")
+    ap.add_argument("--steps", type=int, default=None, help="ZO steps per run (quick 60, full 200)")
+    ap.add_argument("--lr-sweep", type=_floats, default=None,
+                    help="comma-separated ZO step sizes for the scales (relative), swept per method and bit-width "
+                         "(default 5e-4,2e-3,8e-3)")
+    ap.add_argument("--mezo-lr-sweep", type=_floats, default=None,
+                    help="comma-separated MeZO step sizes (raw weights; default 3e-7,1e-6,3e-6)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per run at the chosen lr (quick 2, full 3)")
+    ap.add_argument("--clip", type=float, default=None, help="clip each projected derivative to [-c, c] (all methods)")
     ap.add_argument("--qlora-lr", type=float, default=2e-4)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--group-size", type=int, default=64)
+    ap.add_argument("--only", type=_cells, default=None,
+                    help=f"train only these cells now (comma-separated from {', '.join(CELLS)}); the rest must be "
+                         "saved parts, else the summary is not written")
+    ap.add_argument("--fresh", action="store_true", help="ignore saved parts")
     ap.add_argument("--skip-qlora", action="store_true", help="leave out the QLoRA training run (its memory probe stays)")
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "llmkit-lqzo-bench"))
     args = ap.parse_args()
-    steps = args.steps or (2 if args.quick else 40)
-    n_eval, n_acc, n_train = (4, 24, 32) if args.quick else (32, 100, 400)
+    steps = args.steps or (60 if args.quick else 200)
+    lrs = args.lr_sweep or [5e-4, 2e-3, 8e-3]
+    mezo_lrs = args.mezo_lr_sweep or [3e-7, 1e-6, 3e-6]
+    n_seeds = args.seeds or (2 if args.quick else 3)
+    if steps < 1 or n_seeds < 1:
+        ap.error("--steps and --seeds must be >= 1")
+    n_val, n_test, n_acc, n_train = (16, 32, 100, 400) if args.quick else (32, 64, 200, 1000)
 
     import torch
 
     torch.manual_seed(0)
     from llmkit.train.lqzo import benchlib as B
     from llmkit.train.lqzo.config import LQZOArguments
-    from llmkit.train.lqzo.recipe import load_data
 
-    data = ROOT.parent / "shared" / "data" / "gsm8k"
-    zargs = LQZOArguments(dataset_name=str(data / "train.jsonl"), max_train_samples=n_train // 2,
-                          task_train_samples=n_train // 2, eval_data=str(data / "test.jsonl"),
-                          max_eval_samples=n_eval, accuracy_samples=n_acc)
-    train_ds, _, eval_rows, acc_rows = load_data(zargs, seed=0)
+    stem = "lqzo_quick" if args.quick else "lqzo"
+    out_dir = ROOT / "bench" / "results"
+    parts = out_dir / f"{stem}_parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    # what must match for a saved part to be reused; seeds and lr grids may differ per cell (the part records them)
+    config = {"model": B.MODEL, "steps": steps, "clip": args.clip,
+              "batch": args.batch, "max_length": args.max_length, "group_size": args.group_size,
+              "qlora_lr": args.qlora_lr, "n_train": n_train, "n_val": n_val, "n_test": n_test, "n_acc": n_acc}
+    sp = B.bench_splits(n_train, n_val, n_test, n_acc, seed=0, data_dir=ROOT.parent / "shared" / "data" / "gsm8k")
     fwd = steps * 2  # q = 1
-    res: dict = {"model": B.MODEL, "quick": args.quick, "zo_steps": steps, "forward_passes_per_method": fwd,
-                 "batch": args.batch, "max_length": args.max_length, "group_size": args.group_size,
-                 "lr_scales": args.lr, "lr_mezo": args.mezo_lr, "lr_qlora": args.qlora_lr,
-                 "eval_rows": n_eval, "accuracy_rows": n_acc, "accuracy_task": "sentiment", "runs": {}}
     tmp = Path(tempfile.mkdtemp(prefix="lqzo-bench-"))
-    curves = {}
+    seeds = list(range(n_seeds))
 
-    def record(name, before, after, hist, wall):
-        res["runs"][name] = {"before": before, "after": after, "wall_s": wall,
-                             "train_loss": [r["loss"] for r in hist]}
-        curves[name] = [r["loss"] for r in hist]
-        print(f"{name}: eval_loss {before.get('eval_loss', float('nan')):.4f} -> {after['eval_loss']:.4f}, "
-              f"accuracy {before.get('accuracy', float('nan')):.3f} -> {after['accuracy']:.3f} "
-              f"({fwd} forward passes, {wall:.0f} s)", flush=True)
+    # the untrained models' metrics depend on the data and the quantizer only
+    data_config = {k: config[k] for k in ("model", "max_length", "group_size", "n_train", "n_val", "n_test", "n_acc")}
 
-    def measure(model, tok):
-        return B.measure(model, tok, eval_rows, acc_rows, max_length=256, batch_size=8)
+    def load_part(name):
+        f = parts / f"{name}.json"
+        if args.fresh or not f.is_file():
+            return None
+        part = json.loads(f.read_text())
+        return part if part.get("config") == (data_config if name.startswith("before") else config) else None
 
-    # full precision: reference loss, then MeZO
-    model, tok = B.load_model(0, args.group_size)
-    fp = measure(model, tok)
-    res["full_precision"] = fp
-    print(f"full precision: eval_loss {fp['eval_loss']:.4f}, accuracy {fp['accuracy']:.3f}", flush=True)
-    t0 = time.perf_counter()
-    hist = B.train_zo(model, tok, train_ds, LQZOArguments(zo_method="mezo").resolved(), steps, args.mezo_lr,
-                      args.batch, args.max_length, tmp / "mezo")
-    record("mezo", fp, measure(model, tok), hist, time.perf_counter() - t0)
-    del model
+    def save_part(name, body):
+        body = {"config": data_config if name.startswith("before") else config, **body}
+        (parts / f"{name}.json").write_text(json.dumps(body, indent=1) + "\n")
+        return body
 
-    for bits in (4, 2):
-        base, tok = B.load_model(bits, args.group_size, args.cache)
-        before = measure(base, tok)
-        res[f"int{bits}_before"] = before
-        print(f"INT{bits} quantized: eval_loss {before['eval_loss']:.4f}, accuracy {before['accuracy']:.3f}",
-              flush=True)
-        for method in ("qzo", "lqzo"):
-            model = copy.deepcopy(base)
-            t0 = time.perf_counter()
-            settings = LQZOArguments(zo_method=method, quant_bits=bits, quant_group_size=args.group_size).resolved()
-            hist = B.train_zo(model, tok, train_ds, settings, steps, args.lr, args.batch, args.max_length,
-                              tmp / f"{method}{bits}")
-            record(f"{method}_int{bits}", before, measure(model, tok), hist, time.perf_counter() - t0)
+    def val_fn(model, tok):
+        from llmkit.train.common import completion_loss
+
+        return completion_loss(model, tok, sp["val_rows"], max_length=256, batch_size=8)
+
+    def test_fn(model, tok):
+        return B.measure(model, tok, sp["test_rows"], sp["test_acc_rows"], max_length=256, batch_size=8)
+
+    def before(bits):  # val + test metrics of the untrained model at this bit-width (0: full precision)
+        name = f"before_int{bits}" if bits else "before_fp"
+        part = load_part(name)
+        if part is None:
+            model, tok = B.load_model(bits, args.group_size, args.cache if bits else None)
+            part = save_part(name, {"val_loss": val_fn(model, tok), "test": test_fn(model, tok)})
             del model
-        del base
+        t = part["test"]
+        label = f"INT{bits} quantized" if bits else "full precision"
+        print(f"{label}: test loss {t['eval_loss']:.4f}, "
+              f"accuracy {t['accuracy']:.3f} (validation loss {part['val_loss']:.4f})", flush=True)
+        return part
 
-    # first-order QLoRA (bitsandbytes NF4 + LoRA), same forward passes
-    if args.skip_qlora:
-        res["runs"]["qlora_nf4"] = {"skipped": "--skip-qlora"}
-    try:
-        if args.skip_qlora:
-            raise _Skip
-        model, tok = B.qlora_model()
-        before = measure(model, tok)
+    def train_cell(name):
+        method, _, b = name.partition("_int")
+        bits = int(b) if b else 0
+        model, tok = B.load_model(bits, args.group_size, args.cache if bits else None)
+        settings = LQZOArguments(zo_method=method, quant_bits=bits or 4, quant_group_size=args.group_size,
+                                 zo_clip=args.clip).resolved()
         t0 = time.perf_counter()
-        hist = B.train_qlora(model, tok, train_ds, fwd, args.qlora_lr, args.batch, args.max_length, tmp / "qlora")
-        record("qlora_nf4", before, measure(model, tok), hist, time.perf_counter() - t0)
-        del model
-    except _Skip:
-        pass
-    except Exception as e:  # noqa: BLE001 -- bitsandbytes CPU support varies; report instead of losing the run
-        res["runs"]["qlora_nf4"] = {"error": f"{type(e).__name__}: {e}"}
-        print(f"qlora_nf4: failed ({type(e).__name__}: {e})", flush=True)
+
+        def train(m, lr, seed):
+            hist = B.train_zo(m, tok, sp["train_ds"], settings, steps, lr, args.batch, args.max_length,
+                              tmp / f"{name}-{lr:g}-{seed}", seed=seed)
+            return [r["loss"] for r in hist]
+
+        r = B.tuned_runs(model, mezo_lrs if method == "mezo" else lrs, seeds, train,
+                         lambda m: val_fn(m, tok), lambda m: test_fn(m, tok), name=name,
+                         log=lambda msg: print(msg, flush=True))
+        return save_part(name, {"settings": settings, "seeds": seeds, "lrs": mezo_lrs if method == "mezo" else lrs,
+                                "wall_s": time.perf_counter() - t0, **r})
+
+    def qlora_cell():
+        model, tok = B.qlora_model()
+        b = test_fn(model, tok)
+        t0 = time.perf_counter()
+        hist = B.train_qlora(model, tok, sp["train_ds"], fwd, args.qlora_lr, args.batch, args.max_length,
+                             tmp / "qlora")
+        return save_part("qlora_nf4", {"before": b, "after": test_fn(model, tok), "lr": args.qlora_lr,
+                                       "train_loss": [r["loss"] for r in hist], "wall_s": time.perf_counter() - t0})
+
+    res: dict = {"model": B.MODEL, "quick": args.quick, "zo_steps": steps, "forward_passes_per_method": fwd,
+                 "config": config, "accuracy_task": "sentiment", "runs": {}}
+    todo = args.only if args.only is not None else [c for c in CELLS if not (c == "qlora_nf4" and args.skip_qlora)]
+    # the untrained metrics this invocation needs (all of them when it writes the summary)
+    need = {0} | {int(c[-1]) for c in (todo if args.only is not None else CELLS) if "_int" in c}
+    for bits in (0, 4, 2):
+        if bits in need:
+            res[f"int{bits}_before" if bits else "full_precision"] = before(bits)
+    for name in CELLS:
+        part = load_part(name)
+        if part is None and name in todo:
+            try:
+                part = qlora_cell() if name == "qlora_nf4" else train_cell(name)
+            except Exception as e:  # bitsandbytes CPU support varies: report instead of losing the run
+                if name != "qlora_nf4":
+                    raise
+                part = {"error": f"{type(e).__name__}: {e}"}
+                print(f"qlora_nf4: failed ({type(e).__name__}: {e})", flush=True)
+        if part is None:
+            continue
+        res["runs"][name] = part
+        if name == "qlora_nf4":
+            if "after" in part:
+                print(f"qlora_nf4 (first order, lr {part['lr']:g}, {fwd} steps): test loss "
+                      f"{part['before']['eval_loss']:.4f} -> {part['after']['eval_loss']:.4f}, accuracy "
+                      f"{part['before']['accuracy']:.3f} -> {part['after']['accuracy']:.3f}", flush=True)
+            continue
+        b = res["full_precision"] if name == "mezo" else res[f"int{name[-1]}_before"]
+        loss, acc = B.seed_stats(part["runs"], "eval_loss"), B.seed_stats(part["runs"], "accuracy")
+        sweep = ", ".join(f"{e['lr']:g}: {e['val_loss']:.4f}" if e["val_loss"] is not None else f"{e['lr']:g}: diverged"
+                          for e in part["sweep"])
+        print(f"{name}: validation loss by lr {{{sweep}}} -> lr {part['best_lr']:g}"
+              + (" (edge of the sweep)" if part["best_lr_at_edge"] else "")
+              + f"; test loss {b['test']['eval_loss']:.4f} -> {loss['mean']:.4f} +- {loss['std']:.4f}, accuracy "
+              f"{b['test']['accuracy']:.3f} -> {acc['mean']:.3f} +- {acc['std']:.3f} ({len(part['runs'])} seeds, "
+              f"{fwd} forward passes each)", flush=True)
+        part["test_loss"], part["test_accuracy"] = loss, acc
+    missing = [c for c in CELLS if c not in res["runs"] and not (c == "qlora_nf4" and args.skip_qlora)]
+    if args.skip_qlora and "qlora_nf4" not in res["runs"]:
+        res["runs"]["qlora_nf4"] = {"skipped": "--skip-qlora"}
+    if missing:
+        print(f"saved parts in {parts}; still missing: {', '.join(missing)} (summary not written)", flush=True)
+        return 0
 
     # memory and step time, one fresh process per probe
     kw = {"bits": 4, "group_size": args.group_size, "batch_size": args.batch, "max_length": args.max_length,
@@ -145,31 +231,45 @@ def main() -> int:
     print(f"step time from the ZO machinery alone: (two forwards + perturb/restore/update) / two forwards = "
           f"{machinery_ratio:.3f} ({1000 * lq['zo_overhead_s']:.0f} ms per direction)", flush=True)
 
-    # INT2 recovery: the fraction of the quantization loss gap each method closes
+    # the fraction of the quantization loss gap each method closes (test loss, mean over seeds)
+    fp_loss = res["full_precision"]["test"]["eval_loss"]
     for bits in (4, 2):
-        gap = res[f"int{bits}_before"]["eval_loss"] - fp["eval_loss"]
         for method in ("qzo", "lqzo"):
-            after = res["runs"][f"{method}_int{bits}"]["after"]["eval_loss"]
-            rec = (res[f"int{bits}_before"]["eval_loss"] - after) / gap if gap > 0 else float("nan")
-            res["runs"][f"{method}_int{bits}"]["recovered_fraction_of_quantization_loss"] = rec
-            print(f"INT{bits} {method}: recovered {100 * rec:.1f}% of the quantization loss gap", flush=True)
+            cell = res["runs"][f"{method}_int{bits}"]
+            rec = [B.recovered_fraction(res[f"int{bits}_before"]["test"]["eval_loss"], r["test"]["eval_loss"], fp_loss)
+                   for r in cell["runs"]]
+            cell["recovered_fraction_of_quantization_loss"] = rec
+            print(f"INT{bits} {method}: recovered {100 * sum(rec) / len(rec):.1f}% of the quantization loss gap "
+                  f"(per seed: {', '.join(f'{100 * x:.1f}%' for x in rec)})", flush=True)
+
+    def after(cell, key):
+        return res["runs"][cell][f"test_{key}"]["mean"]
 
     summary = {
-        "loss_full_precision": fp["eval_loss"],
-        "loss_before_int4": res["int4_before"]["eval_loss"],
-        "loss_after_lqzo_int4": res["runs"]["lqzo_int4"]["after"]["eval_loss"],
-        "loss_after_qzo_int4": res["runs"]["qzo_int4"]["after"]["eval_loss"],
-        "loss_after_mezo": res["runs"]["mezo"]["after"]["eval_loss"],
-        "loss_before_int2": res["int2_before"]["eval_loss"],
-        "loss_after_lqzo_int2": res["runs"]["lqzo_int2"]["after"]["eval_loss"],
-        "loss_after_qzo_int2": res["runs"]["qzo_int2"]["after"]["eval_loss"],
-        "acc_before_int4": res["int4_before"]["accuracy"],
-        "acc_after_lqzo_int4": res["runs"]["lqzo_int4"]["after"]["accuracy"],
-        "acc_after_qzo_int4": res["runs"]["qzo_int4"]["after"]["accuracy"],
-        "acc_before_int2": res["int2_before"]["accuracy"],
-        "acc_after_lqzo_int2": res["runs"]["lqzo_int2"]["after"]["accuracy"],
-        "acc_after_qzo_int2": res["runs"]["qzo_int2"]["after"]["accuracy"],
-        "acc_after_mezo": res["runs"]["mezo"]["after"]["accuracy"],
+        "loss_full_precision": fp_loss,
+        "loss_before_int4": res["int4_before"]["test"]["eval_loss"],
+        "loss_after_lqzo_int4": after("lqzo_int4", "loss"),
+        "loss_after_qzo_int4": after("qzo_int4", "loss"),
+        "loss_after_mezo": after("mezo", "loss"),
+        "loss_before_int2": res["int2_before"]["test"]["eval_loss"],
+        "loss_after_lqzo_int2": after("lqzo_int2", "loss"),
+        "loss_after_qzo_int2": after("qzo_int2", "loss"),
+        "loss_std_lqzo_int2": res["runs"]["lqzo_int2"]["test_loss"]["std"],
+        "loss_std_qzo_int2": res["runs"]["qzo_int2"]["test_loss"]["std"],
+        "recovered_fraction_lqzo_int2": sum(res["runs"]["lqzo_int2"]["recovered_fraction_of_quantization_loss"])
+        / len(res["runs"]["lqzo_int2"]["runs"]),
+        "recovered_fraction_qzo_int2": sum(res["runs"]["qzo_int2"]["recovered_fraction_of_quantization_loss"])
+        / len(res["runs"]["qzo_int2"]["runs"]),
+        "acc_full_precision": res["full_precision"]["test"]["accuracy"],
+        "acc_before_int4": res["int4_before"]["test"]["accuracy"],
+        "acc_after_lqzo_int4": after("lqzo_int4", "accuracy"),
+        "acc_after_qzo_int4": after("qzo_int4", "accuracy"),
+        "acc_before_int2": res["int2_before"]["test"]["accuracy"],
+        "acc_after_lqzo_int2": after("lqzo_int2", "accuracy"),
+        "acc_after_qzo_int2": after("qzo_int2", "accuracy"),
+        "acc_after_mezo": after("mezo", "accuracy"),
+        **{f"lr_{c}": res["runs"][c]["best_lr"] for c in CELLS if c != "qlora_nf4"},
+        **{f"seeds_{c}": len(res["runs"][c]["runs"]) for c in CELLS if c != "qlora_nf4"},
         "mem_ratio_vs_inference": mem_ratio,
         "mem_ratio_vs_qlora": lq["peak_bytes"] / ql["peak_bytes"] if ql else None,
         "step_time_ratio_vs_2fwd": time_ratio,
@@ -177,39 +277,50 @@ def main() -> int:
         "forward_passes_per_method": fwd,
     }
     res["summary"] = summary
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = "lqzo_quick" if args.quick else "lqzo"
     (out_dir / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
-    _plot(res, curves, out_dir / f"{stem}.png")
+    _plot(res, out_dir / f"{stem}.png")
     print(json.dumps(summary), flush=True)
     return 0
 
 
-def _plot(res, curves, path):
+def _plot(res, path):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, ys in curves.items():
-        a.plot(range(1, len(ys) + 1), ys, marker=".", label=name)
-    a.set_xlabel("step")
+    cells = [c for c in CELLS if c != "qlora_nf4" and "sweep" in res["runs"].get(c, {})]
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.2))
+    for name in cells:  # train loss of the chosen lr, first seed
+        ys = res["runs"][name]["runs"][0]["train_loss"]
+        a.plot(range(1, len(ys) + 1), ys, label=f"{name} (lr {res['runs'][name]['best_lr']:g})", linewidth=1)
+    a.set_xlabel("ZO step")
     a.set_ylabel("train loss (mean of the two perturbed forwards)")
+    a.set_yscale("log")
     a.legend(fontsize=7)
     a.grid(alpha=0.3)
-    names = [n for n in res["runs"] if "after" in res["runs"][n]]
-    before = [res["runs"][n]["before"]["eval_loss"] for n in names]
-    after = [res["runs"][n]["after"]["eval_loss"] for n in names]
-    x = range(len(names))
-    b.bar([i - 0.2 for i in x], before, 0.4, label="before")
-    b.bar([i + 0.2 for i in x], after, 0.4, label="after")
-    b.axhline(res["full_precision"]["eval_loss"], color="gray", linestyle="--", linewidth=1, label="full precision")
-    b.set_xticks(list(x), names, rotation=30, fontsize=8)
-    b.set_ylabel("held-out GSM8K completion loss")
+    for name in cells:  # the lr sweep on validation
+        sw = [e for e in res["runs"][name]["sweep"] if e["val_loss"] is not None]
+        b.plot([e["lr"] for e in sw], [e["val_loss"] for e in sw], marker="o", label=name)
+    b.set_xscale("log")
+    b.set_yscale("log")
+    b.set_xlabel("learning rate")
+    b.set_ylabel("validation loss (GSM8K train problems not trained on)")
     b.legend(fontsize=7)
-    fig.suptitle(f"LQZO bench ({res['forward_passes_per_method']} forward passes per method)")
+    b.grid(alpha=0.3)
+    before = [(res["full_precision"] if n == "mezo" else res[f"int{n[-1]}_before"])["test"]["eval_loss"] for n in cells]
+    after = [res["runs"][n]["test_loss"]["mean"] for n in cells]
+    err = [res["runs"][n]["test_loss"]["std"] for n in cells]
+    x = range(len(cells))
+    c.bar([i - 0.2 for i in x], before, 0.4, label="before")
+    c.bar([i + 0.2 for i in x], after, 0.4, yerr=err, capsize=3, label="after (mean +- std over seeds)")
+    c.axhline(res["full_precision"]["test"]["eval_loss"], color="gray", linestyle="--", linewidth=1,
+              label="full precision")
+    c.set_xticks(list(x), cells, rotation=30, fontsize=8)
+    c.set_ylabel("held-out GSM8K test completion loss")
+    c.legend(fontsize=7)
+    fig.suptitle(f"LQZO bench: {res['forward_passes_per_method']} forward passes per run, lr tuned per method on "
+                 "validation")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

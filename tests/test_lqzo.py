@@ -232,3 +232,89 @@ def test_accuracy_tasks_are_consistent_and_scored_by_likelihood(tiny_model, tiny
     acc = choice_accuracy(tiny_model, tiny_tokenizer, rows)
     flipped = [dict(r, label=1 - r["label"]) for r in rows]
     assert abs(choice_accuracy(tiny_model, tiny_tokenizer, flipped) - (1 - acc)) < 1e-6
+
+
+# ----------------------------------------------------------------------------- the bench's tuned comparison
+
+
+def test_pick_best_skips_diverged_runs_and_refuses_when_all_diverged():
+    from llmkit.train.lqzo.benchlib import pick_best, recovered_fraction
+
+    assert pick_best([{"lr": 1, "val_loss": 2.0}, {"lr": 2, "val_loss": None}, {"lr": 3, "val_loss": 1.5},
+                      {"lr": 4, "val_loss": float("nan")}]) == 2
+    assert pick_best([{"lr": 1, "val_loss": 1.0}, {"lr": 2, "val_loss": 1.0}]) == 0  # first on ties
+    with pytest.raises(ValueError, match="diverged"):
+        pick_best([{"lr": 1, "val_loss": None}, {"lr": 2, "val_loss": float("inf")}])
+    assert recovered_fraction(8.0, 5.0, 2.0) == pytest.approx(0.5)
+    assert recovered_fraction(8.0, 9.0, 2.0) < 0  # got worse
+    assert recovered_fraction(2.0, 1.0, 2.0) != recovered_fraction(2.0, 1.0, 2.0)  # no gap: nan
+
+
+def test_tuned_runs_selects_on_validation_reports_test_and_reruns_the_chosen_lr_per_seed():
+    from llmkit.train.lqzo.benchlib import seed_stats, tuned_runs
+
+    base = nn.Linear(1, 1, bias=False).requires_grad_(False)
+    base.weight.data.fill_(0.0)
+    calls = []
+
+    def train(m, lr, seed):  # "training" moves the weight to lr (+ a seed offset); validation optimum at 0.3
+        m.weight.data.fill_(lr + 0.01 * seed)
+        calls.append((lr, seed))
+        return [float(seed)]
+
+    def val(m):
+        w = float(m.weight)
+        return float("nan") if w > 5 else (w - 0.3) ** 2
+
+    test_seen = []
+
+    def test(m):
+        test_seen.append(float(m.weight))
+        return {"eval_loss": float(m.weight), "accuracy": 0.5}
+
+    r = tuned_runs(base, [0.1, 0.25, 0.5, 10.0], [0, 1, 2], train, val, test, log=lambda *_: None)
+    assert r["best_lr"] == 0.25 and not r["best_lr_at_edge"]
+    assert r["sweep"][3]["val_loss"] is None  # diverged, recorded as such
+    assert calls == [(0.1, 0), (0.25, 0), (0.5, 0), (10.0, 0), (0.25, 1), (0.25, 2)]
+    # test is only ever called on models trained at the chosen lr, once per seed; the base is untouched
+    assert test_seen == pytest.approx([0.25, 0.26, 0.27])
+    assert float(base.weight) == 0.0
+    st = seed_stats(r["runs"], "eval_loss")
+    assert st["mean"] == pytest.approx(0.26) and st["std"] == pytest.approx(0.01)
+    r = tuned_runs(base, [0.3, 1.0], [0], train, val, test, log=lambda *_: None)
+    assert r["best_lr"] == 0.3 and r["best_lr_at_edge"]
+
+
+def test_bench_splits_keep_train_validation_and_test_disjoint(tmp_path):
+    from llmkit.train.lqzo.benchlib import bench_splits
+
+    rows = [{"question": f"train q{i}?", "answer": f"a{i}\n#### {i}"} for i in range(12)]
+    test = [{"question": f"test q{i}?", "answer": f"b{i}\n#### {i}"} for i in range(5)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in test))
+    sp = bench_splits(8, 3, 4, 6, data_dir=tmp_path)
+    train_q = {r["prompt"][0]["content"] for r in sp["train_ds"]}
+    val_q = {r["question"] for r in sp["val_rows"]}
+    test_q = {r["question"] for r in sp["test_rows"]}
+    assert len(sp["train_ds"]) == 8 and len(val_q) == 3 and len(test_q) == 4 and len(sp["test_acc_rows"]) == 6
+    assert {f"train q{i}?" for i in range(4)} <= train_q  # 4 GSM8K + 4 task rows
+    assert val_q == {f"train q{i}?" for i in range(4, 7)}
+    assert not (train_q & val_q) and not (train_q & test_q) and not (val_q & test_q)
+    assert not {r["question"] for r in sp["test_acc_rows"]} & train_q
+    with pytest.raises(ValueError, match="too few rows"):
+        bench_splits(8, 20, 4, 6, data_dir=tmp_path)
+
+
+def test_scale_update_never_flips_a_sign_qzo_projection():
+    from llmkit.optim.zo import SeedZO
+
+    s = torch.full((8, 6), 0.5)
+    zo = SeedZO([s], modes=["mul"], rank=0, distribution="gaussian", seed=3)
+    z = zo.z(0, 0, 0)
+    zo.update(0, [10.0], lr=1.0)  # factor 1 - 10 z: negative wherever z > 0.1
+    expected = 0.5 * (1 - 10 * z).clamp_min(0)
+    assert torch.equal(s, expected)
+    assert (s >= 0).all() and (s == 0).any() and (s > 0.5).any()
+    small = torch.full((8, 6), 0.5)
+    SeedZO([small], modes=["mul"], seed=3).update(0, [1e-3], lr=1e-2)  # ordinary steps are untouched
+    assert torch.allclose(small, 0.5 * (1 - 1e-5 * z))

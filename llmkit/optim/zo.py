@@ -364,7 +364,8 @@ class SeedZO:
 
     @torch.no_grad()
     def update(self, step: int, d: Sequence[float], lr: float, weight_decay: float | Sequence[float] = 0.0) -> None:
-        """``x -= lr * (mean_k d_k z_k + wd x)`` (add) or ``x *= 1 - lr * (mean_k d_k z_k + wd)`` (mul)."""
+        """``x -= lr * (mean_k d_k z_k + wd x)`` (add) or ``x *= max(1 - lr * (mean_k d_k z_k + wd), 0)`` (mul: the
+        factor is projected onto >= 0, QZO's non-negativity projection of the scales in relative form)."""
         wds = list(weight_decay) if isinstance(weight_decay, (list, tuple)) else [weight_decay] * len(self.params)
         q = len(d)
         for i, p in enumerate(self.params):
@@ -379,7 +380,8 @@ class SeedZO:
                     continue
                 factor = torch.full(p.shape, 1.0 - lr * wds[i], device=p.device) if delta is None \
                     else delta.mul_(-lr).add_(1.0 - lr * wds[i])
-                p.data.mul_(factor.to(p.dtype))
+                # QZO's projection max(s, 0): a step never flips a scale's sign (a too-large step zeroes it)
+                p.data.mul_(factor.clamp_min_(0.0).to(p.dtype))
             else:
                 if wds[i]:
                     p.data.mul_(1.0 - lr * wds[i])

@@ -178,6 +178,98 @@ def train_qlora(model, tok, train_ds, steps: int, lr: float, batch_size: int, ma
     return [r for r in tr.state.log_history if "loss" in r]
 
 
+# ----------------------------------------------------------------------------- tuned comparison
+
+
+def bench_splits(n_train: int, n_val: int, n_test: int, n_acc_test: int, seed: int = 0,
+                 data_dir: str | Path | None = None) -> dict:
+    """Disjoint train / validation / test data for the tuned comparison.
+
+    Train: the first ``n_train // 2`` GSM8K train problems interleaved with ``n_train // 2`` procedural
+    sentiment problems (the recipe's ``load_data``). Validation (learning-rate selection only): the next
+    ``n_val`` GSM8K *train* problems (never trained on). Test (reported): the first ``n_test`` GSM8K *test*
+    problems and ``n_acc_test`` sentiment problems from another seed than training's. Returns
+    ``{train_ds, val_rows, test_rows, test_acc_rows}``.
+    """
+    from llmkit.train.common import load_records
+    from llmkit.train.lqzo.config import LQZOArguments
+    from llmkit.train.lqzo.recipe import load_data
+    data = Path(data_dir) if data_dir is not None else Path(__file__).resolve().parents[3].parent / "shared" / "data" / "gsm8k"
+    n_gsm = n_train // 2
+    zargs = LQZOArguments(dataset_name=str(data / "train.jsonl"), max_train_samples=n_gsm,
+                          task_train_samples=n_train - n_gsm, eval_data=str(data / "test.jsonl"),
+                          max_eval_samples=n_test, accuracy_samples=n_acc_test)
+    train_ds, _, test_rows, test_acc = load_data(zargs, seed=seed)
+    val_rows = load_records(str(data / "train.jsonl"), "train", None, n_gsm + n_val)[n_gsm:]
+    if len(val_rows) < n_val:
+        raise ValueError(f"{data / 'train.jsonl'} has too few rows for {n_gsm} training + {n_val} validation problems")
+    return {"train_ds": train_ds, "val_rows": val_rows, "test_rows": test_rows, "test_acc_rows": test_acc}
+
+
+def pick_best(sweep: list[dict], key: str = "val_loss") -> int:
+    """Index of the entry with the lowest finite ``key`` (first on ties); ``ValueError`` if every run diverged."""
+    import math
+
+    ok = [(e[key], i) for i, e in enumerate(sweep) if e.get(key) is not None and math.isfinite(e[key])]
+    if not ok:
+        raise ValueError(f"every run of the sweep diverged ({key} not finite): {[e.get('lr') for e in sweep]}")
+    return min(ok)[1]
+
+
+def recovered_fraction(before: float, after: float, reference: float) -> float:
+    """Share of the quantization loss gap ``before - reference`` that training closed (1 = back to full precision)."""
+    gap = before - reference
+    return (before - after) / gap if gap > 0 else float("nan")
+
+
+def tuned_runs(base, lrs: list[float], seeds: list[int], train_fn, val_fn, test_fn, log=print, name: str = "") -> dict:
+    """A fair per-method comparison at a fixed budget: pick the learning rate on validation, report on test.
+
+    For each ``lr`` in ``lrs``: a fresh copy of ``base`` is trained by ``train_fn(model, lr, seed)`` (returns
+    the train-loss history) with ``seeds[0]`` and scored by ``val_fn(model)`` (a loss, lower is better;
+    non-finite = diverged). The best copy is kept and scored by ``test_fn(model)`` (a dict); then the best
+    lr is rerun for every other seed and scored on test. Validation never sees the test rows, and test
+    never picks anything. Returns ``{sweep: [{lr, val_loss, train_loss}], best_lr, best_lr_at_edge,
+    runs: [{seed, test, train_loss}]}``.
+    """
+    import copy
+    import math
+
+    if not lrs or not seeds:
+        raise ValueError("tuned_runs needs at least one learning rate and one seed")
+    sweep, best_model, best_i = [], None, None
+    for lr in lrs:
+        model = copy.deepcopy(base)
+        hist = train_fn(model, lr, seeds[0])
+        v = float(val_fn(model))
+        sweep.append({"lr": lr, "val_loss": v if math.isfinite(v) else None, "train_loss": hist})
+        log(f"{name} lr {lr:g}: validation loss {v:.4f}")
+        i = len(sweep) - 1
+        if math.isfinite(v) and (best_i is None or v < sweep[best_i]["val_loss"]):
+            best_model, best_i = model, i
+        else:
+            del model
+    best_i = pick_best(sweep)
+    best_lr = lrs[best_i]
+    runs = [{"seed": seeds[0], "test": test_fn(best_model), "train_loss": sweep[best_i]["train_loss"]}]
+    del best_model
+    for s in seeds[1:]:
+        model = copy.deepcopy(base)
+        hist = train_fn(model, best_lr, s)
+        runs.append({"seed": s, "test": test_fn(model), "train_loss": hist})
+        del model
+    return {"sweep": sweep, "best_lr": best_lr, "best_lr_at_edge": len(lrs) > 1 and best_i in (0, len(lrs) - 1),
+            "runs": runs}
+
+
+def seed_stats(runs: list[dict], key: str) -> dict:
+    """``{mean, std, values}`` of ``run['test'][key]`` over seeds (std 0 with one seed)."""
+    vals = [r["test"][key] for r in runs if key in r["test"]]
+    if not vals:
+        return {"mean": None, "std": None, "values": []}
+    return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "values": vals}
+
+
 # ----------------------------------------------------------------------------- probes (fresh process each)
 
 
