@@ -291,11 +291,13 @@ def compare_on_sparse_pca(n: int, p: int = 1, seeds: int = 8, budget: int = 2000
         f, _, u = sparse_pca_problem(n=n, k=k, seed=s, p=p)
         z = np.random.default_rng(100 + s).standard_normal(n if p == 1 else (n, p))
         x0 = project(z, manifold)
-        runs = {"riemannian": lambda g: RiemannianOnePlusOneES(manifold, sigma0, seed=s).minimize(g, x0, budget),
-                "euclidean": lambda g: euclidean_one_plus_one_es(g, x0, budget, sigma0, manifold=manifold, seed=s),
-                "cma": lambda g: cma_minimize(g, x0, budget, sigma0, manifold=manifold, seed=s)}
+        runs = {"riemannian": lambda g, s=s, x0=x0: RiemannianOnePlusOneES(manifold, sigma0, seed=s).minimize(
+                    g, x0, budget),
+                "euclidean": lambda g, s=s, x0=x0: euclidean_one_plus_one_es(g, x0, budget, sigma0,
+                                                                             manifold=manifold, seed=s),
+                "cma": lambda g, s=s, x0=x0: cma_minimize(g, x0, budget, sigma0, manifold=manifold, seed=s)}
         for m in methods:
-            hit, ov = evaluations_to_target(runs[m], f, lambda x: overlap(x, u), target)
+            hit, ov = evaluations_to_target(runs[m], f, lambda x, u=u: overlap(x, u), target)
             out[m]["evals"].append(hit)
             out[m]["overlap"].append(ov)
     return out
