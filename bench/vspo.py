@@ -1,15 +1,26 @@
-"""Per-step time of the VSPO trainer vs TRL's GRPOTrainer with the same config, in the same run.
+"""VSPO against the paper's three baselines on the bundled model, in one run: behaviour rate and accuracy.
 
-Both trainers get the same model weights, data, seed and GRPO config; VSPO adds its steering hook
-(per-row intensities spread over each group) around generation. Every rollout is forced to the full
-``max_completion_length`` (``min_new_tokens``) so that both do the same amount of generation and the ratio
-measures VSPO's overhead, not how long the steered answers happen to be. ``--quick`` uses a tiny random Llama (there the hook's cost is
-relatively larger than on a real model, so the quick ratio is a pessimistic bound). Rounds alternate the trainers
-(GRPO k steps, VSPO k steps, ...) so load changes on this shared machine hit both; the figure is the ratio
-of the per-step medians. The full run also times VSPO with the truncated importance correction (one
-extra steered forward pass per generation batch).
+Target behaviour ``confident_answer`` (``llmkit.rewards.behaviors``): an unhedged certainty claim about the
+completion's own final answer, in a completion that works with the question's numbers. The bundled
+SmolLM2-135M-Instruct almost never does this unprompted (the base rate is measured in the same run and printed as
+``base_behavior_rate``), which is the sparse-reward regime VSPO is about. Methods, all through ``llmkit train
+vspo`` (``llmkit.train.vspo.recipe``) with one config:
 
-    .venv/bin/python bench/vspo.py [--quick] [--model smollm2-135m-instruct]
+- ``vspo``: GRPO whose rollouts are steered at intensities spread over [0, alpha_max] (annealed to 0);
+- ``grpo``: reward-shaped GRPO, the same rewards (task correctness + behaviour), no steering;
+- ``teacher``: teacher-trace distillation, SFT on the steered model's own samples (as many completions and
+  optimizer steps as the GRPO runs), evaluated unsteered;
+- ``guidance``: no training, the base model steered at ``guidance_alpha`` at inference.
+
+Per method: behaviour rate and accuracy (greedy, unsteered except guidance) on held-out GSM8K test problems, pooled
+over seeds with Wilson 95% intervals and per-seed values; the first step at which a training curve (every
+``--curve-every`` steps on the first ``--curve-n`` test problems) reaches ``--target`` (censored seeds reported as
+not reached). Base model and guidance are greedy and seed-free, so they run once. ``--quick``: 1 seed, few steps,
+short completions (sized for a shared 2-core CPU); the full run: 3 seeds. Writes bench/results/vspo[_quick].json
+and a PNG. ``--timing`` is the older per-step overhead benchmark (VSPO vs TRL's GRPOTrainer, tiny model with
+``--quick``), written to bench/results/vspo_timing[_quick].json; ``--compare-runs`` summarises two finished runs.
+
+    .venv/bin/python bench/vspo.py [--quick] [--seeds 3] [--steps 16]
 """
 
 from __future__ import annotations
@@ -26,15 +37,30 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
+METHODS = ("vspo", "grpo", "teacher", "guidance")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a tiny random Llama (4 layers, hidden 256), 3 rounds of "
-                    "3 steps, no importance-correction arm")
-    ap.add_argument("--model", default=None, help="default: smollm2-135m-instruct (full), tiny (--quick)")
+    ap.add_argument("--quick", action="store_true", help="methods: 1 seed, few steps, short completions; "
+                    "--timing: a tiny random Llama, 3 rounds of 3 steps, no importance-correction arm")
+    ap.add_argument("--model", default=None, help="default: smollm2-135m-instruct (tiny for --timing --quick)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per trained method (default 3, --quick 1)")
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps per trained run (default 16, --quick 4)")
+    ap.add_argument("--eval-n", type=int, default=None, help="held-out problems per evaluation (64, --quick 24)")
+    ap.add_argument("--curve-every", type=int, default=None, help="curve point every N steps (4, --quick 2)")
+    ap.add_argument("--curve-n", type=int, default=None, help="problems per curve point (16, --quick 8)")
+    ap.add_argument("--target", type=float, default=0.25, help="target behaviour rate for the first-step figure")
+    ap.add_argument("--behavior", default="confident_answer")
+    ap.add_argument("--alpha-max", type=float, default=None, help="VSPO's largest intensity (default: guidance's)")
+    ap.add_argument("--guidance-alpha", type=float, default=4.0, help="steering intensity for guidance and the "
+                    "teacher's traces")
+    ap.add_argument("--learning-rate", type=float, default=2e-5)
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="completion/eval budget (192, --quick 128)")
+    ap.add_argument("--work-dir", default="/tmp/llmkit-bench-vspo-methods", help="run folders (outside the repo)")
+    ap.add_argument("--timing", action="store_true", help="the per-step time benchmark instead")
     ap.add_argument("--rounds", type=int, default=None)
-    ap.add_argument("--steps", type=int, default=None, help="steps per trainer per round")
+    ap.add_argument("--round-steps", type=int, default=None, help="--timing: steps per trainer per round")
     ap.add_argument("--completion-length", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--max-minutes", type=float, default=None, help="start no further round when another one "
@@ -45,8 +71,10 @@ def main():
     args = ap.parse_args()
     if args.compare_runs:
         return compare_runs(*map(Path, args.compare_runs))
+    if not args.timing:
+        return methods(args)
     rounds = args.rounds or (3 if args.quick else 4)
-    steps = args.steps or 3
+    steps = args.round_steps or 3
     args.model = args.model or ("tiny" if args.quick else "smollm2-135m-instruct")
 
     import torch
@@ -123,12 +151,114 @@ def main():
     for k, v in fig.items():
         print(f"{k}: {v:.3f}")
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / ("vspo_quick.json" if args.quick else "vspo.json")
+    out = RESULTS / ("vspo_timing_quick.json" if args.quick else "vspo_timing.json")
     out.write_text(json.dumps({"figures": fig, "step_times": {k: t.times for k, t in timers.items()},
                                "rounds": rounds_run, "steps_per_round": steps, "threads": args.threads, "model": args.model,
                                "completion_length": args.completion_length, "rows_per_step": 8}, indent=2) + "\n")
     print(f"wrote {out}")
     print(json.dumps(fig))
+
+
+def run_recipe(out: Path, overrides: dict) -> dict:
+    """One ``llmkit train vspo`` run in this process; returns its eval.json."""
+    from llmkit.commands.train import parse_method_args
+
+    argv = []
+    for k, v in overrides.items():
+        argv += [f"--{k}", str(v)]
+    module, configs = parse_method_args("vspo", argv + ["--output_dir", str(out)])
+    if module.main(*configs) != 0:
+        raise RuntimeError(f"run failed: {out}")
+    return json.loads((out / "eval.json").read_text())
+
+
+def methods(args) -> None:
+    import shutil
+
+    from llmkit.train.vspo.compare import summarize
+
+    seeds = args.seeds or (1 if args.quick else 3)
+    steps = args.steps or (4 if args.quick else 16)
+    eval_n = args.eval_n or (24 if args.quick else 64)
+    tokens = args.max_new_tokens or (128 if args.quick else 192)
+    alpha_max = args.alpha_max if args.alpha_max is not None else args.guidance_alpha
+    work = Path(args.work_dir) / ("quick" if args.quick else "full")
+    if work.exists():
+        shutil.rmtree(work)
+    common = {
+        "model_name_or_path": args.model or "smollm2-135m-instruct", "behavior": args.behavior,
+        "dataset_name": str(REPO / "../shared/data/gsm8k/train.jsonl"), "dataset_limit": 512,
+        "eval_path": str(REPO / "../shared/data/gsm8k/test.jsonl"), "eval_num_problems": eval_n,
+        "eval_max_new_tokens": tokens, "eval_batch_size": 8, "steering_num_pairs": 16 if args.quick else 32,
+        "guidance_alpha": args.guidance_alpha, "alpha_max": alpha_max, "alpha_anneal": "linear",
+        "alpha_anneal_fraction": 0.75, "max_steps": steps, "per_device_train_batch_size": 4, "num_generations": 4,
+        "max_completion_length": tokens, "temperature": 1.0, "learning_rate": args.learning_rate,
+        "lr_scheduler_type": "constant", "beta": 0.0, "logging_steps": 1, "save_strategy": "no", "report_to": "none",
+        "use_cpu": True, "bf16": False, "dataloader_num_workers": 0, "disable_tqdm": True,
+        "curve_every_steps": args.curve_every or (2 if args.quick else 4), "curve_num_problems": args.curve_n
+        or (8 if args.quick else 16), "target_behavior_rate": args.target,
+    }
+    t0 = time.time()
+    runs: dict[str, list[dict]] = {m: [] for m in METHODS}
+    guidance = run_recipe(work / "guidance", {**common, "mode": "guidance", "eval_before": True})
+    runs["guidance"].append(guidance)
+    vector = work / "guidance" / "steering"
+    for seed in range(seeds):
+        for mode in ("vspo", "grpo", "teacher"):
+            print(f"--- {mode} seed {seed} ({time.time() - t0:.0f}s so far)", file=sys.stderr)
+            runs[mode].append(run_recipe(work / f"{mode}-{seed}", {**common, "mode": mode, "seed": seed,
+                                                                  "eval_before": False,
+                                                                  "steering_vector": str(vector)}))
+    summary = summarize(runs, steps)
+    base = guidance["before"]
+    fig: dict = {"base_behavior_rate": base["behavior_rate"], "base_accuracy": base["accuracy"]}
+    for m in METHODS:
+        s = summary[m]
+        fig[f"behavior_rate_{m}"] = s["behavior_rate"]["rate"]
+        fig[f"behavior_rate_{m}_ci95"] = s["behavior_rate"]["ci95"]
+        fig[f"accuracy_{m}"] = s["accuracy"]["rate"]
+        fig[f"accuracy_{m}_ci95"] = s["accuracy"]["ci95"]
+        fs = s["first_step"]
+        if m == "guidance":  # no training: the steered base model either shows the target rate or not
+            fig[f"first_step_at_target_{m}"] = 0 if fs["reached"] else "not reached (no training)"
+        else:
+            fig[f"first_step_at_target_{m}"] = (fs["km_median"] if fs["km_median"] is not None else
+                                                f"not reached by step {steps} ({fs['reached']}/{fs['runs']} seeds)")
+    fig.update({"seeds": seeds, "steps": steps, "eval_n": eval_n, "target_behavior_rate": args.target})
+    for k, v in fig.items():
+        print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
+    RESULTS.mkdir(exist_ok=True)
+    name = "vspo_quick" if args.quick else "vspo"
+    payload = {"figures": fig, "summary": summary, "base": {k: base[k] for k in ("n", "behavior_rate", "accuracy",
+               "mean_words")}, "config": common, "seconds": round(time.time() - t0), "runs": {
+               m: [{k: r.get(k) for k in ("after", "curve", "first_step_at_target", "teacher", "steps",
+                                             "train_seconds")} for r in rs] for m, rs in runs.items()}}
+    (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    plot_methods(summary, base, RESULTS / f"{name}.png", f"{args.behavior}: {seeds} seed(s), {steps} steps")
+    print(f"wrote {RESULTS / (name + '.json')}")
+    print(json.dumps({k: v for k, v in fig.items() if not k.endswith("_ci95")}))
+
+
+def plot_methods(summary: dict, base: dict, png: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    names = ["base", *summary]
+    for ax, key in zip(axes, ("behavior_rate", "accuracy")):
+        vals = [base[key]] + [summary[m][key]["rate"] for m in summary]
+        lo = [0.0] + [summary[m][key]["rate"] - summary[m][key]["ci95"][0] for m in summary]
+        hi = [0.0] + [summary[m][key]["ci95"][1] - summary[m][key]["rate"] for m in summary]
+        ax.bar(names, vals, yerr=[lo, hi], capsize=4, color=["gray", "C0", "C1", "C2", "C3"][:len(names)])
+        for m_i, m in enumerate(summary, start=1):
+            ax.scatter([m_i] * len(summary[m][key]["per_seed"]), summary[m][key]["per_seed"], color="k", s=10, zorder=3)
+        ax.set_ylabel(key.replace("_", " ") + " (Wilson 95% CI, dots: seeds)")
+        ax.set_ylim(0, 1)
+    fig.suptitle(f"VSPO vs baselines, bundled model (CPU): {title}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
 
 
 def compare_runs(vspo_dir: Path, grpo_dir: Path) -> None:
