@@ -126,6 +126,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
+BANK_ANSWERS = REPO / "bench" / "results" / "ldp_cache_parts" / "answers_arith.jsonl.gz"
 
 from llmkit.serving.ldp_cache.experiment import (
     ABLATION,
@@ -259,6 +260,154 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def fixed_budget_section(args, embedder, capacity: int, max_tokens: int, upstream_cls):
+    """The fixed-total-budget experiment (module docstring); returns (result section, figure keys)."""
+    from llmkit.serving.ldp_cache.budget import ARMS, fixed_budget_curve, pooled_at
+    from llmkit.serving.ldp_cache.sentence import CandidateMechanism
+
+    q = args.quick
+    budgets = [float(b) for b in (args.budgets or ("4" if q else "1,2,3,4,6,8,12")).split(",")]
+    repeats = args.budget_repeats or (5 if q else 10)
+    bank = load_arith_problems(args.data, args.bank, args.seed)
+    kinds = ("uniform_arith", "zipf_arith")
+    streams = {k: build(k, bank, args.budget_visits, args.seed) for k in kinds}
+    mech = CandidateMechanism([p["question"] for p in bank], embedder, budgets[0])
+    params = {"max_tokens": max_tokens, "temperature": 0}
+    memo = MemoUpstream(None, args.budget_answers)
+    missing = [p for p in bank if json.dumps([[{"role": "user", "content": p["question"]}], params],
+                                             sort_keys=True) not in memo.memo]
+    proc = None
+    try:
+        if missing:  # the bank's answers not yet on file: ask the model once per candidate
+            url = args.upstream
+            if not url:
+                port = free_port()
+                print(f"{len(missing)} bank answers missing: starting llmkit serve on port {port} ...", flush=True)
+                proc = start_server(port, engine=args.server_engine, cwd=REPO)
+                url = f"http://127.0.0.1:{port}"
+            memo.upstream = upstream_cls(url, model=args.model, timeout=3600.0)
+            with cf.ThreadPoolExecutor(args.concurrency) as ex:
+                list(ex.map(lambda p: memo([{"role": "user", "content": p["question"]}], **params), missing))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+
+    def refuse(messages, **kw):
+        raise RuntimeError(f"no answer on file for {messages!r}")
+
+    memo.upstream = refuse  # every candidate is answered now; anything else is a bug
+    plain = {i: correct(memo([{"role": "user", "content": p["question"]}], **params), p["gold"])
+             for i, p in enumerate(bank)}
+    print(
+        f"fixed budget: bank of {len(bank)} public candidate questions (the model answers {sum(plain.values())} "
+        f"right when asked plainly); streams "
+        + ", ".join(f"{k} {len(streams[k])} queries over {len({x['problem'] for x in streams[k]})} problems"
+                    for k in kinds)
+        + f"; capacity {capacity}; bit = {args.bit_share:g} x B/Q (at most {args.rr_epsilon:g}); {repeats} seeds",
+        flush=True,
+    )
+    t0 = time.time()
+    curves = {
+        k: fixed_budget_curve(
+            streams[k], budgets, repeats=repeats, seed=[args.seed, WORKLOADS.index(k), 7], mechanism=mech,
+            embedder=embedder, upstream=memo, capacity=capacity, max_tokens=max_tokens,
+            bit_share=args.bit_share, bit_cap=args.rr_epsilon, sim_threshold=args.sim_threshold,
+            gain_threshold=args.gain_threshold,
+        )
+        for k in kinds
+    }
+    labels = {"no_cache": "no cache", "ldpcache": "LDPCache", "lru": "LRU", "gptcache": "GPTCache (not private)"}
+    pooled = {}
+    for b in budgets:
+        pooled[str(b)] = pa = pooled_at(curves, streams, b)
+        for k, arms in [*((k, curves[k][str(b)]) for k in kinds), ("pooled", pa)]:
+            print(
+                f"[fixed budget, {k}] B/Q {b:g}: accuracy "
+                + ", ".join(f"{labels[a]} {arms[a]['accuracy']:.3f} [{arms[a]['accuracy_ci95'][0]:.3f}, "
+                            f"{arms[a]['accuracy_ci95'][1]:.3f}]" for a in ARMS)
+                + "; epsilon per cloud call "
+                + ", ".join(f"{labels[a]} {arms[a]['epsilon_per_call']:.2f}" for a in ARMS)
+                + f"; hit ratio LDPCache {arms['ldpcache']['hit_ratio']:.3f}; LDPCache - no cache "
+                f"{arms['ldpcache']['diff_vs_no_cache']:+.3f} [{arms['ldpcache']['diff_vs_no_cache_ci95'][0]:+.3f}, "
+                f"{arms['ldpcache']['diff_vs_no_cache_ci95'][1]:+.3f}], LRU - no cache "
+                f"{arms['lru']['diff_vs_no_cache']:+.3f} [{arms['lru']['diff_vs_no_cache_ci95'][0]:+.3f}, "
+                f"{arms['lru']['diff_vs_no_cache_ci95'][1]:+.3f}]",
+                flush=True,
+            )
+    print(f"fixed budget: {time.time() - t0:.0f} s, no LLM call beyond the bank's answers")
+    b0 = str(budgets[0])
+    pa = pooled[b0]
+    figures = {
+        "epsilon_per_query": budgets[0],
+        "accuracy_fixed_budget_no_cache": round(pa["no_cache"]["accuracy"], 4),
+        "accuracy_fixed_budget_cache": round(pa["ldpcache"]["accuracy"], 4),
+        "accuracy_fixed_budget_lru": round(pa["lru"]["accuracy"], 4),
+        "accuracy_fixed_budget_gptcache_not_private": round(pa["gptcache"]["accuracy"], 4),
+        "accuracy_fixed_budget_diff_cache_ci95": [round(x, 4) for x in pa["ldpcache"]["diff_vs_no_cache_ci95"]],
+        "epsilon_per_cloud_call_fixed_budget_cache": round(pa["ldpcache"]["epsilon_per_call"], 4),
+        "hit_ratio_fixed_budget_cache": round(pa["ldpcache"]["hit_ratio"], 4),
+        "accuracy_plain_bank": round(sum(plain.values()) / len(plain), 4),
+    }
+    for k in kinds:
+        c = curves[k][b0]
+        figures[f"accuracy_fixed_budget_no_cache_{k}"] = round(c["no_cache"]["accuracy"], 4)
+        figures[f"accuracy_fixed_budget_cache_{k}"] = round(c["ldpcache"]["accuracy"], 4)
+    section = {
+        "budgets_per_query": budgets,
+        "total_budget": {k: [b * len(streams[k]) for b in budgets] for k in kinds},
+        "queries": {k: len(streams[k]) for k in kinds},
+        "bank": len(bank),
+        "bank_plain_correct": sum(plain.values()),
+        "capacity": capacity,
+        "repeats": repeats,
+        "bit_share": args.bit_share,
+        "bit_cap": args.rr_epsilon,
+        "mechanism": mech.name,
+        "pooled": pooled,
+        "curves": {k: {b: {a: {kk: vv for kk, vv in m.items() if kk != "correct_per_problem"}
+                           for a, m in cell.items()} for b, cell in curves[k].items()} for k in kinds},
+        "figures": figures,
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
+    return section, figures
+
+
+def write_fixed_budget(section: dict, quick: bool) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stem = "ldp_cache_fixed_budget" + ("_quick" if quick else "")
+    out = REPO / "bench" / "results"
+    (out / f"{stem}.json").write_text(json.dumps(section, indent=2))
+    budgets = section["budgets_per_query"]
+    panels = [*section["curves"].items(), ("pooled", section["pooled"])]
+    fig, axes = plt.subplots(2, len(panels), figsize=(5 * len(panels), 8), squeeze=False)
+    for j, (name, curve) in enumerate(panels):
+        for i, (arm, color) in enumerate((("no_cache", "grey"), ("ldpcache", "C0"), ("lru", "C1"),
+                                          ("gptcache", "C2"))):
+            xs = [b * (1 + 0.02 * (i - 1.5)) for b in budgets]  # small offsets so the bars do not overlap
+            acc = [curve[str(b)][arm]["accuracy"] for b in budgets]
+            lo = [a - curve[str(b)][arm]["accuracy_ci95"][0] for a, b in zip(acc, budgets)]
+            hi = [curve[str(b)][arm]["accuracy_ci95"][1] - a for a, b in zip(acc, budgets)]
+            label = {"gptcache": "GPTCache (not private)", "no_cache": "no cache (B/Q per query)"}.get(arm, arm)
+            axes[0][j].errorbar(xs, acc, yerr=[lo, hi], marker="o", capsize=3, color=color, label=label)
+            axes[1][j].plot(budgets, [curve[str(b)][arm]["epsilon_per_call"] for b in budgets], marker="o",
+                            color=color, label=label)
+        axes[0][j].set_title(f"{name}: accuracy at a fixed total budget (95% CI)")
+        axes[1][j].set_title(f"{name}: epsilon per cloud call")
+        for ax in axes[:, j]:
+            ax.set_xscale("log")
+            ax.set_xlabel("per-query budget B/Q (total B = B/Q x queries)")
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / f"{stem}.png", dpi=100)
+    plt.close(fig)
+    print(f"wrote {out / (stem + '.json')} and {stem}.png")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small workloads (several minutes on 1 core)")
@@ -341,6 +490,20 @@ def main(argv=None) -> int:
         "holding every answer, --upstream http://127.0.0.1:9 --model NAME replays a run without a server "
         "(a missing answer then fails loudly)",
     )
+    fb = ap.add_argument_group("fixed total budget (issue 23; candidate mechanism; see the module docstring)")
+    fb.add_argument("--fixed-budget-only", action="store_true",
+                    help="only the fixed-budget experiment; writes ldp_cache_fixed_budget[_quick].json/.png")
+    fb.add_argument("--budgets", default=None,
+                    help="comma list of per-query budgets B/Q (quick 4; full 1,2,3,4,6,8,12)")
+    fb.add_argument("--bank", type=int, default=120,
+                    help="public candidate bank: the first N one-step arithmetic problems (their questions)")
+    fb.add_argument("--budget-visits", type=int, default=240, help="visits per fixed-budget stream")
+    fb.add_argument("--budget-repeats", type=int, default=None,
+                    help="mechanism/scheduler seeds per arm and budget (quick 5, full 10)")
+    fb.add_argument("--bit-share", type=float, default=0.25,
+                    help="the scheduler bit's epsilon as a share of B/Q (at most --rr-epsilon)")
+    fb.add_argument("--budget-answers", type=Path, default=BANK_ANSWERS,
+                    help="answers file for the bank's questions (the session-4 arithmetic run's plain asks)")
     args = ap.parse_args(argv)
     q = args.quick
     kinds = [k.strip() for k in args.workloads.split(",") if k.strip()]
@@ -408,6 +571,11 @@ def main(argv=None) -> int:
         return run_ablation(
             args, kinds, problem_sets, visits_of, caps, sweep_seeds, sweep_repeats, mechanism, embedder, sched
         )
+    if args.fixed_budget_only:
+        section, figures = fixed_budget_section(args, embedder, capacity, max_tokens, OpenAIUpstream)
+        write_fixed_budget(section, q)
+        print(json.dumps(figures))
+        return 0
 
     proc = None
     results: dict[str, dict] = {}
@@ -715,6 +883,10 @@ def main(argv=None) -> int:
         f"{time.time() - t0:.0f} s"
     )
 
+    fb_section, fb_figures = fixed_budget_section(args, embedder, capacity, max_tokens, OpenAIUpstream)
+    write_fixed_budget(fb_section, q)
+    figures.update(fb_figures)
+
     out_dir = REPO / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     arith = [k.endswith("_arith") for k in kinds]
@@ -734,6 +906,7 @@ def main(argv=None) -> int:
         "sweep": {"workload_seeds": sweep_seeds, "scheduler_seeds": sweep_repeats, "capacities": caps},
         "mechanism": mechanism.name,
         "workload_description": __doc__.split("Workloads")[1].split("Pipeline")[0].strip(),
+        "fixed_budget": {k: v for k, v in fb_section.items() if k != "curves"},
     }
     (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2))
     plot(result, out_dir / f"{stem}.png")

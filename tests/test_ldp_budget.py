@@ -119,3 +119,21 @@ def test_the_curve_reports_every_arm_with_intervals_and_accuracy_rises_with_budg
         run_fixed_budget(qs, "fifo", mechanism=mech, embedder=emb, upstream=oracle, per_query=1.0,
                          capacity=2, seed=[0], bit_seed=0, max_tokens=8)
     assert np.isfinite(lo["ldpcache"]["diff_vs_no_cache"])
+
+
+def test_pooled_figures_weight_workloads_by_their_queries():
+    from llmkit.serving.ldp_cache.budget import pooled_at
+
+    streams = {"a": [{"problem": p} for p in (0, 0, 1, 1)], "b": [{"problem": p} for p in (0, 1, 2, 3)]}
+
+    def cell(cpp, calls, eps):
+        return {"correct_per_problem": cpp, "calls": calls, "epsilon_per_call": eps, "hit_ratio": 1 - calls / 4}
+
+    curves = {"a": {"4": {"no_cache": cell({0: 2}, 4, 4.0), "ldpcache": cell({0: 2, 1: 2}, 2, 8.0)}},
+              "b": {"4": {"no_cache": cell({}, 4, 4.0), "ldpcache": cell({3: 1}, 2, 6.0)}}}
+    out = pooled_at(curves, streams, 4)
+    assert out["no_cache"]["accuracy"] == pytest.approx(2 / 8) and out["ldpcache"]["accuracy"] == pytest.approx(5 / 8)
+    assert out["ldpcache"]["diff_vs_no_cache"] == pytest.approx(3 / 8)
+    assert out["ldpcache"]["epsilon_per_call"] == pytest.approx(7.0) and out["ldpcache"]["hit_ratio"] == 0.5
+    lo, hi = out["ldpcache"]["diff_vs_no_cache_ci95"]
+    assert lo <= 3 / 8 <= hi

@@ -177,3 +177,34 @@ def fixed_budget_curve(queries: list[dict], per_query_budgets, *, repeats: int, 
                 cell[arm]["diff_vs_no_cache_ci95"] = d["ci95"]
         out[str(b)] = cell
     return out
+
+
+def pooled_at(curves: dict[str, dict], streams: dict[str, list[dict]], budget) -> dict:
+    """Every arm's accuracy at one per-query budget pooled over workloads, with problem-bootstrap intervals.
+
+    ``curves[k]`` is :func:`fixed_budget_curve`'s result for workload k over ``streams[k]``; a problem
+    is a unit within its workload. Also the pooled difference of each arm from the no-cache arm.
+    """
+    from .experiment import pooled_bootstrap
+
+    key = str(budget)
+    arms = list(next(iter(curves.values()))[key])
+    out = {}
+    for arm in arms:
+        per = {k: (Counter(x["problem"] for x in streams[k]), curves[k][key][arm]["correct_per_problem"], {})
+               for k in curves}
+        acc = pooled_bootstrap(per)
+        n = sum(len(streams[k]) for k in curves)
+        calls = sum(curves[k][key][arm]["calls"] for k in curves)
+        out[arm] = {
+            "accuracy": acc["diff"], "accuracy_ci95": acc["ci95"],
+            "epsilon_per_call": sum(curves[k][key][arm]["epsilon_per_call"] * curves[k][key][arm]["calls"]
+                                    for k in curves) / calls if calls else 0.0,
+            "hit_ratio": sum(curves[k][key][arm]["hit_ratio"] * len(streams[k]) for k in curves) / n,
+        }
+        if arm != "no_cache" and "no_cache" in arms:
+            d = pooled_bootstrap({k: (Counter(x["problem"] for x in streams[k]),
+                                      curves[k][key][arm]["correct_per_problem"],
+                                      curves[k][key]["no_cache"]["correct_per_problem"]) for k in curves})
+            out[arm]["diff_vs_no_cache"], out[arm]["diff_vs_no_cache_ci95"] = d["diff"], d["ci95"]
+    return out
