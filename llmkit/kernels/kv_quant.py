@@ -20,6 +20,16 @@ per channel over those tokens, as KIVI does for keys):
   half a stored step, and bf16's coarse rounding of the zero point is spread over ``qmax`` steps
   instead of being added to every value.
 
+Per-token layout (``quantize_tokens_ref``/``dequant_tokens_ref``, PyTorch only): one group = the
+``D`` channels of one token of one (row, kv-head), so a token can be stored as soon as it arrives
+(no full-precision window). The group's bf16 scale/zero come from its NORMAL channels only;
+outliers are 8-bit codes on the same grid (bias 128, high nibble in the donor's slot), which is
+where in-place outliers pay most: without them an outlier channel sets the step of every channel
+of its token. Donors read back as a calibrated per-channel constant.
+
+Heads may keep different numbers of pairs: descriptors are padded to the largest count and the
+padding columns point at a normal channel (``valid`` False), which every path writes back as is.
+
 Parameters are rounded to bf16 with explicit directions (never the cast's own mode, which differs
 between Triton's interpreter and GPUs). Rounding of codes is ``floor(v + 0.5)`` in both implementations (not torch's half-to-even) so the Triton
 kernels and the references agree bit for bit under ``TRITON_INTERPRET=1``.
@@ -107,7 +117,7 @@ def quantize_pack_ref(x: torch.Tensor, role: torch.Tensor, partner: torch.Tensor
     x = x.float()
     N, H, G, _ = x.shape
     role = role.to(x.device)
-    o = (role == OUTLIER).nonzero()[:, 1].view(H, -1)
+    o, d, valid = pairs_from_roles(role, partner.to(x.device))
     scale, zero = _channel_params(x, role, bool(o.shape[1]))
     safe = torch.where(scale > 0, scale, 1.0)[:, :, None, :]
     q = torch.sub(x, zero[:, :, None, :]).div_(safe).add_(0.5).floor_()
@@ -118,12 +128,15 @@ def quantize_pack_ref(x: torch.Tensor, role: torch.Tensor, partner: torch.Tensor
         q.clamp_(min=0.0)
         torch.minimum(q, qmax, out=q)
         # only the 2k outlier/donor columns per head are rewritten: the outlier keeps its low
-        # nibble, its donor's slot takes the high nibble (float arithmetic, exact for integers)
-        d = partner.to(x.device).long().gather(1, o)
+        # nibble, its donor's slot takes the high nibble (float arithmetic, exact for integers).
+        # Padding columns (heads keeping fewer pairs) point at a normal channel and write its
+        # own code back.
         oi = o[None, :, None, :].expand(N, H, G, o.shape[1])
         q8 = q.gather(-1, oi)
         hi = q8.mul(1.0 / 16).floor_()
-        q.scatter_(-1, oi, q8.sub_(hi, alpha=16))
+        if not bool(valid.all()):
+            hi = torch.where(valid[None, :, None, :], hi, q8)
+        q.scatter_(-1, oi, q8 - 16 * torch.where(valid[None, :, None, :], hi, 0.0))
         q.scatter_(-1, d[None, :, None, :].expand_as(oi), hi)
     return pack_codes(q), scale.to(PARAM_DTYPE), zero.to(PARAM_DTYPE)
 
@@ -135,12 +148,13 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 def dequant_unpack_ref(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
                        group_lens: list[int], outliers: torch.Tensor, donors: torch.Tensor,
-                       dtype=torch.float32) -> torch.Tensor:
+                       dtype=torch.float32, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Dequantize ``packed [N, H, T, D/2]`` with per-group ``scale/zero [N, H, n_groups, D]``.
 
     ``outliers``/``donors`` ``[H, k]`` (from the descriptor) say where to rebuild 8-bit codes:
     only those ``k`` channels per head are touched after the generic 4-bit pass (nibble split,
-    then one fused ``zero + code * scale``).
+    then one fused ``zero + code * scale``). ``valid [H, k]`` marks the columns a head really
+    uses (heads may keep different numbers of pairs; padding columns are left as decoded).
     """
     N, H, T, _ = packed.shape
     nib = unpack_codes(packed)
@@ -167,26 +181,131 @@ def dequant_unpack_ref(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Te
             xo = (q8.view(N, H, n, G, k) * so + zo).view(N, H, T, k)
         else:
             xo = q8 * s_t.gather(-1, oi) + z_t.gather(-1, oi)
+        if valid is not None and not bool(valid.all()):
+            xo = torch.where(valid.to(packed.device)[None, :, None, :], xo, x.gather(-1, oi))
         x.scatter_(-1, oi, xo)
+    return x.to(dtype)
+
+
+# ----------------------------------------------------------------------------- per-token groups
+
+
+def quantize_tokens_ref(x: torch.Tensor, outliers: torch.Tensor, donors: torch.Tensor,
+                        valid: torch.Tensor | None = None):
+    """Per-token groups with in-place 8-bit outliers: ``x [N, H, T, D]`` -> packed
+    ``[N, H, T, D/2]`` uint8 and one bf16 ``scale``/``zero`` per (row, head, token) ``[N, H, T]``.
+
+    The group's range is taken over its NORMAL channels only (outliers and donors excluded), so
+    an outlier channel no longer sets every channel's step. Outliers are coded on the same grid
+    with 8 bits and a bias of 128 (``value = zero + scale * (q8 - 128)``), the step widened only
+    where an outlier would not fit in that code range; the low nibble stays in the outlier's
+    slot, the high nibble goes to its donor's slot. A donor's own value is not stored (the
+    dequantizer substitutes a calibrated constant, :func:`dequant_tokens_ref`).
+    """
+    x = x.float()
+    N, H, T, D = x.shape
+    k = outliers.shape[-1]
+    if valid is None:
+        valid = torch.ones(H, k, dtype=torch.bool, device=x.device)
+    o, d, valid = outliers.to(x.device).long(), donors.to(x.device).long(), valid.to(x.device)
+    role, _ = role_maps(o, d, D, valid)
+    normal = (role == NORMAL)[None, :, None, :]
+    mn = torch.where(normal, x, torch.inf).amin(-1)
+    mx = torch.where(normal, x, -torch.inf).amax(-1)
+    mn = torch.where(torch.isfinite(mn), mn, 0.0)
+    mx = torch.where(torch.isfinite(mx), mx, mn)
+    zero = round_down(mn)
+    need = (mx - zero) / QMAX4
+    if k:
+        oi = o[None, :, None, :].expand(N, H, T, k)
+        xo = x.gather(-1, oi)
+        dev = torch.maximum((xo - zero[..., None]) / 127.0, (zero[..., None] - xo) / 128.0)
+        need = torch.maximum(need, torch.where(valid[None, :, None, :], dev, 0.0).amax(-1))
+    scale = round_up(need)
+    safe = torch.where(scale > 0, scale, 1.0)[..., None]
+    q = torch.sub(x, zero[..., None]).div_(safe).add_(0.5).floor_()
+    if k:
+        q8 = q.gather(-1, oi).add_(128.0).clamp_(0.0, QMAX8)
+        q.clamp_(0.0, QMAX4)
+        own = q.gather(-1, oi)  # padding columns write their own (normal) code back
+        v = valid[None, :, None, :]
+        hi = torch.where(v, q8.mul(1.0 / 16).floor(), own)
+        lo = torch.where(v, q8 - 16 * hi, own)
+        q.scatter_(-1, oi, lo)
+        q.scatter_(-1, d[None, :, None, :].expand_as(oi), hi)
+    else:
+        q.clamp_(0.0, QMAX4)
+    return pack_codes(q), scale.to(PARAM_DTYPE), zero.to(PARAM_DTYPE)
+
+
+def dequant_tokens_ref(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                       outliers: torch.Tensor, donors: torch.Tensor, fill: torch.Tensor | None = None,
+                       valid: torch.Tensor | None = None, dtype=torch.float32) -> torch.Tensor:
+    """Inverse of :func:`quantize_tokens_ref`; ``fill [H, k]`` is the value each donor channel is
+    read back as (its calibrated mean; zeros when ``None``)."""
+    N, H, T, _ = packed.shape
+    nib = unpack_codes(packed)
+    s, z = scale.float()[..., None], zero.float()[..., None]
+    x = torch.addcmul(z, nib, s)
+    k = outliers.shape[-1]
+    if k:
+        dev = packed.device
+        if valid is None:
+            valid = torch.ones(H, k, dtype=torch.bool, device=dev)
+        v = valid.to(dev)[None, :, None, :]
+        oi = outliers.to(dev).long()[None, :, None, :].expand(N, H, T, k)
+        di = donors.to(dev).long()[None, :, None, :].expand(N, H, T, k)
+        q8 = torch.add(nib.gather(-1, oi).float(), nib.gather(-1, di).float(), alpha=16)
+        xo = torch.where(v, (q8 - 128.0) * s + z, x.gather(-1, oi))
+        fill = torch.zeros(H, k, device=dev) if fill is None else fill.to(dev).float()
+        xd = torch.where(v, fill[None, :, None, :].expand(N, H, T, k), x.gather(-1, di))
+        x.scatter_(-1, oi, xo)
+        x.scatter_(-1, di, xd)
     return x.to(dtype)
 
 
 # ----------------------------------------------------------------------------- descriptor maps
 
 
-def role_maps(outliers: torch.Tensor, donors: torch.Tensor, head_dim: int):
+def role_maps(outliers: torch.Tensor, donors: torch.Tensor, head_dim: int, valid: torch.Tensor | None = None):
     """Descriptor-guided marker recovery: from the compact descriptor (outlier ids + donor ids per
-    head) rebuild the per-slot markers (role) and the partner of every marked slot."""
+    head) rebuild the per-slot markers (role) and the partner of every marked slot. ``valid
+    [H, k]`` marks the pairs a head really uses; padding columns (outlier id = donor id = a
+    normal channel) stay NORMAL and their own partner."""
     H, k = outliers.shape
     role = torch.zeros(H, head_dim, dtype=torch.int32, device=outliers.device)
     partner = torch.arange(head_dim, device=outliers.device).repeat(H, 1)
     if k:
         o, d = outliers.long(), donors.long()
-        role.scatter_(1, o, OUTLIER)
-        role.scatter_(1, d, DONOR)
+        if valid is None:
+            role.scatter_(1, o, OUTLIER)
+            role.scatter_(1, d, DONOR)
+        else:
+            valid = valid.to(outliers.device)
+            role.scatter_(1, o, torch.where(valid, OUTLIER, NORMAL).to(torch.int32))
+            role.scatter_(1, d, torch.where(valid, DONOR, NORMAL).to(torch.int32))
         partner.scatter_(1, o, d)
         partner.scatter_(1, d, o)
     return role, partner
+
+
+def pairs_from_roles(role: torch.Tensor, partner: torch.Tensor):
+    """The inverse of :func:`role_maps` for rows that may keep different numbers of pairs:
+    ``(outliers, donors, valid)``, each ``[H, k_max]``; a row with fewer pairs is padded with one
+    of its normal channels (as its own donor) and ``valid`` False."""
+    H = role.shape[0]
+    is_o = role == OUTLIER
+    counts = is_o.sum(1)
+    k = int(counts.max()) if H else 0
+    if k == 0:
+        z = torch.zeros(H, 0, dtype=torch.long, device=role.device)
+        return z, z, torch.zeros(H, 0, dtype=torch.bool, device=role.device)
+    # outlier channels first (in channel order), then the rest; a stable sort keeps the order
+    order = torch.sort((~is_o).to(torch.int8), dim=1, stable=True).indices[:, :k]
+    valid = torch.arange(k, device=role.device)[None, :] < counts[:, None]
+    pad = (role == NORMAL).to(torch.int8).argmax(1, keepdim=True).expand(H, k)
+    o = torch.where(valid, order, pad)
+    return o, partner.long().gather(1, o), valid
 
 
 # ----------------------------------------------------------------------------- triton
@@ -215,12 +334,13 @@ def quantize_pack_triton(x: torch.Tensor, role: torch.Tensor, partner: torch.Ten
     return packed, scale, zero
 
 
-def dequant_unpack_triton(packed, scale, zero, group_lens, outliers, donors, dtype=torch.float32):
+def dequant_unpack_triton(packed, scale, zero, group_lens, outliers, donors, dtype=torch.float32, valid=None):
     """Triton version of :func:`dequant_unpack_ref`."""
     triton, _, dequant_kernel = _kernels()
     N, H, T, HALF = packed.shape
     D = 2 * HALF
-    role, partner = role_maps(outliers.to(packed.device), donors.to(packed.device), D)
+    role, partner = role_maps(outliers.to(packed.device), donors.to(packed.device), D,
+                              None if valid is None else valid.to(packed.device))
     tok_group = torch.repeat_interleave(torch.arange(len(group_lens), device=packed.device),
                                         torch.tensor(group_lens, device=packed.device)).to(torch.int32)
     out = torch.empty(N, H, T, D, dtype=torch.float32, device=packed.device)
@@ -250,7 +370,7 @@ def quantize_pack(x, role, partner, backend: str = "auto"):
 
 
 def dequant_unpack(packed, scale, zero, group_lens, outliers, donors, dtype=torch.float32,
-                   backend: str = "auto"):
+                   backend: str = "auto", valid=None):
     if _use_triton(packed, backend):
-        return dequant_unpack_triton(packed, scale, zero, group_lens, outliers, donors, dtype)
-    return dequant_unpack_ref(packed, scale, zero, group_lens, outliers, donors, dtype)
+        return dequant_unpack_triton(packed, scale, zero, group_lens, outliers, donors, dtype, valid)
+    return dequant_unpack_ref(packed, scale, zero, group_lens, outliers, donors, dtype, valid)

@@ -9,16 +9,22 @@ dynamic cache). ``cache.nbytes()`` reports the bytes each cache actually holds.
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 from transformers.cache_utils import Cache
 
+from llmkit.serving.kv_cache.calibration import InQuantCalibration, calibrate, default_calibration_path
 from llmkit.serving.kv_cache.inquant import (
+    LAYOUTS,
     Descriptor,
     assign_donors,
     estimate_descriptor,
+    gated_descriptor,
     sample_saliency,
     select_outliers,
 )
-from llmkit.serving.kv_cache.layers import InQuantLayer, KIVILayer, OutlierBufferLayer
+from llmkit.serving.kv_cache.layers import InQuantLayer, InQuantTokenLayer, KIVILayer, OutlierBufferLayer
 
 DEFAULT_NAMES = ("none", "bf16", "dynamic")
 
@@ -35,7 +41,7 @@ class QuantizedKVCache(Cache):
     """A ``Cache`` of windowed quantized layers, with memory accounting and ``flush``."""
 
     def __init__(self, config, layer_fn):
-        super().__init__(layers=[layer_fn() for _ in range(_num_layers(config))])
+        super().__init__(layers=[layer_fn(i) for i in range(_num_layers(config))])
 
     def flush(self) -> None:
         """Quantize every layer's full-precision window now."""
@@ -64,37 +70,61 @@ class QuantizedKVCache(Cache):
 class InQuantCache(QuantizedKVCache):
     """InQuant 4-bit packed cache with in-place 8-bit outlier channels (see ``inquant.py``).
 
-    ``min_ratio`` gates slot reuse (a pair is kept only where the outlier's range exceeds
-    ``min_ratio`` x its donor's); ``min_ratio=0`` applies the paper's reuse unconditionally.
+    ``layout``: ``"per-channel"`` (keys and values grouped per channel over ``group_size`` tokens,
+    a full-precision window of up to ``group_size`` tokens) or ``"per-token"`` (per-token groups,
+    no window). ``calibration``: an ``InQuantCalibration`` or the path of a saved one (calibrated
+    saliency and the score gate's weights); without it saliency is sampled from the first chunk.
+    ``gate``: ``"score"`` (per head, attention-score error; the default with a calibration),
+    ``"ratio"`` (the first pass's gate: a pair is kept only where the outlier's range exceeds
+    ``min_ratio`` x its donor's, one count for all heads; the default without a calibration) or
+    ``"off"`` (every candidate pair kept, the paper's unconditional reuse).
     """
 
     def __init__(self, config, group_size: int = 128, n_outliers: int = 4, max_stride: int = 8,
-                 n_samples: int = 64, seed: int = 0, backend: str = "auto", min_ratio: float = 15.0):
-        super().__init__(config, lambda: InQuantLayer(group_size, n_outliers, max_stride, n_samples,
-                                                      seed, backend, min_ratio))
+                 n_samples: int = 64, seed: int = 0, backend: str = "auto", min_ratio: float = 15.0,
+                 gate: str | None = None, layout: str = "per-channel", calibration=None):
+        if isinstance(calibration, (str, Path)):
+            calibration = _load_calibration(str(calibration))
+        if gate is None:
+            gate = "score" if calibration is not None else "ratio"
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown InQuant layout {layout!r}; choose one of: {', '.join(LAYOUTS)}")
+        n_layers = _num_layers(config)
+        if calibration is not None and calibration.num_layers != n_layers:
+            raise ValueError(f"the InQuant calibration has {calibration.num_layers} layers, the model {n_layers}")
+        cls = InQuantTokenLayer if layout == "per-token" else InQuantLayer
+        self.n_outliers, self.layout, self.gate = n_outliers, layout, gate
+        super().__init__(config, lambda i: cls(group_size, n_outliers, max_stride, n_samples, seed, backend,
+                                               min_ratio, gate, calibration, i))
 
     def outlier_pairs(self) -> dict[str, int]:
-        """How many (outlier, donor) pairs per kv-head each layer's descriptors kept, summed."""
+        """(outlier, donor) pairs the descriptors use, summed over layers and kv-heads, per side,
+        and how many were possible (``n_outliers`` per kv-head, layer and side)."""
         out = {"k": 0, "v": 0, "possible": 0}
         for layer in self.layers:
             for which, d in layer.descriptors.items():
-                out[which] += d.outliers.shape[1]
-                out["possible"] += layer.n_outliers
+                out[which] += int(d.pairs_per_head.sum())
+                out["possible"] += layer.n_outliers * d.outliers.shape[0]
         return out
+
+
+@functools.lru_cache(maxsize=8)
+def _load_calibration(path: str):
+    return InQuantCalibration.load(path)
 
 
 class KIVICache(QuantizedKVCache):
     """KIVI-style uniform 4-bit cache (keys per channel, values per token)."""
 
     def __init__(self, config, group_size: int = 128):
-        super().__init__(config, lambda: KIVILayer(group_size))
+        super().__init__(config, lambda i: KIVILayer(group_size))
 
 
 class OutlierBufferCache(QuantizedKVCache):
     """Dense-and-sparse 4-bit cache with a separate fp16 outlier buffer (KVQuant-style)."""
 
     def __init__(self, config, group_size: int = 128, outlier_frac: float = 0.01):
-        super().__init__(config, lambda: OutlierBufferLayer(group_size, outlier_frac))
+        super().__init__(config, lambda i: OutlierBufferLayer(group_size, outlier_frac))
 
 
 CACHES = {"inquant": InQuantCache, "kivi": KIVICache, "outlier-buffer": OutlierBufferCache}
@@ -109,6 +139,8 @@ def cache_factory(name: str | None, **kwargs):
         choices = ", ".join([*CACHES, *DEFAULT_NAMES])
         raise ValueError(f"unknown KV cache {name!r}; choose one of: {choices}")
     cls = CACHES[key]
+    if isinstance(kwargs.get("calibration"), (str, Path)):  # load once, not per batch
+        kwargs["calibration"] = _load_calibration(str(kwargs["calibration"]))
     return lambda model: cls(model.config, **kwargs)
 
 
@@ -116,12 +148,16 @@ __all__ = [
     "CACHES",
     "Descriptor",
     "InQuantCache",
+    "InQuantCalibration",
     "KIVICache",
     "OutlierBufferCache",
     "QuantizedKVCache",
     "assign_donors",
     "cache_factory",
+    "calibrate",
+    "default_calibration_path",
     "estimate_descriptor",
+    "gated_descriptor",
     "sample_saliency",
     "select_outliers",
 ]

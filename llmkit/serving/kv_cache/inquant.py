@@ -61,6 +61,18 @@ def sample_saliency(x: torch.Tensor, n_samples: int = 64, seed: int = 0) -> torc
     return (x.amax(dim=(0, 2)) - x.amin(dim=(0, 2)))
 
 
+def token_saliency(x: torch.Tensor, n_samples: int = 64, seed: int = 0) -> torch.Tensor:
+    """Per-(head, channel) saliency ``[H, D]`` for per-token groups: the largest deviation of the
+    channel from its token's median channel over ``n_samples`` sampled tokens. In a per-token
+    group what widens the step is a channel far from the others *within the token* (a
+    persistent offset counts, which a range over tokens cannot see)."""
+    T = x.shape[-2]
+    if T > n_samples:
+        x = x.index_select(-2, _sample_positions(T, n_samples, seed).to(x.device))
+    x = x.float()
+    return (x - x.median(-1, keepdim=True).values).abs().amax(dim=(0, 2))
+
+
 def select_outliers(saliency: torch.Tensor, k: int) -> torch.Tensor:
     """The ``k`` most salient channels per head, ``[H, k]`` (sorted by channel id)."""
     if k == 0:
@@ -96,17 +108,40 @@ def assign_donors(saliency: torch.Tensor, outliers: torch.Tensor, max_stride: in
 
 @dataclass
 class Descriptor:
-    """Compact per-head slot descriptor: outlier channel ids and signed offsets to their donors."""
+    """Compact per-head slot descriptor: outlier channel ids and signed offsets to their donors.
+
+    Heads may keep different numbers of pairs (``counts [H]``, the first ``counts[h]`` columns
+    of head ``h`` are its pairs): one head's verdict never limits another's. The other columns
+    are padding (a normal channel as its own donor, offset 0). ``fill [H, k]`` (per-token layout
+    only) is the value each donor channel is read back as."""
 
     outliers: torch.Tensor  # uint8 [H, k]
     offsets: torch.Tensor  # int8 [H, k]
+    counts: torch.Tensor | None = None  # uint8 [H]; None = every column used
+    fill: torch.Tensor | None = None  # bf16 [H, k]
 
     @classmethod
-    def build(cls, outliers: torch.Tensor, donors: torch.Tensor) -> Descriptor:
-        off = donors.long() - outliers.long()
+    def build(cls, outliers: torch.Tensor, donors: torch.Tensor, counts: torch.Tensor | None = None,
+              fill: torch.Tensor | None = None, head_dim: int | None = None) -> Descriptor:
+        outliers, donors = outliers.long(), donors.long()
+        H, k = outliers.shape
+        if counts is not None:
+            counts = counts.long().clamp(0, k)
+            valid = torch.arange(k, device=outliers.device)[None, :] < counts[:, None]
+            if not bool(valid.all()):
+                D = head_dim or (int(torch.cat([outliers, donors], 1).max()) + 2 if k else 1)
+                used = torch.zeros(H, D, dtype=torch.bool, device=outliers.device)
+                used.scatter_(1, torch.where(valid, outliers, outliers[:, :1]), valid)
+                used.scatter_(1, torch.where(valid, donors, donors[:, :1]), valid)
+                pad = (~used).to(torch.int8).argmax(1, keepdim=True).expand(H, k)
+                outliers, donors = torch.where(valid, outliers, pad), torch.where(valid, donors, pad)
+            counts = counts.to(torch.uint8)
+        off = donors - outliers
         if off.numel() and (off.abs().max() > 127 or outliers.max() > 255):
             raise ValueError("descriptor needs head_dim <= 256 and donor offsets within int8")
-        return cls(outliers.to(torch.uint8), off.to(torch.int8))
+        if fill is not None:
+            fill = fill.to(torch.bfloat16)
+        return cls(outliers.to(torch.uint8), off.to(torch.int8), counts, fill)
 
     @property
     def outlier_ids(self) -> torch.Tensor:
@@ -117,11 +152,27 @@ class Descriptor:
         return self.outliers.long() + self.offsets.long()
 
     @property
+    def valid(self) -> torch.Tensor:
+        """``[H, k]`` bool: which columns are real pairs."""
+        H, k = self.outliers.shape
+        if self.counts is None:
+            return torch.ones(H, k, dtype=torch.bool, device=self.outliers.device)
+        return torch.arange(k, device=self.outliers.device)[None, :] < self.counts.long()[:, None]
+
+    @property
+    def pairs_per_head(self) -> torch.Tensor:
+        """``[H]`` long: pairs each head uses."""
+        return self.valid.sum(1)
+
+    @property
     def nbytes(self) -> int:
-        return self.outliers.numel() * self.outliers.element_size() + self.offsets.numel() * self.offsets.element_size()
+        return sum(t.numel() * t.element_size() for t in (self.outliers, self.offsets, self.counts, self.fill)
+                   if t is not None)
 
     def index_select_heads(self, heads):
-        return Descriptor(self.outliers[heads], self.offsets[heads])
+        return Descriptor(self.outliers[heads], self.offsets[heads],
+                          None if self.counts is None else self.counts[heads],
+                          None if self.fill is None else self.fill[heads])
 
 
 def worthwhile_pairs(saliency: torch.Tensor, outliers: torch.Tensor, donors: torch.Tensor,
@@ -160,3 +211,101 @@ def descriptor_from_saliency(sal: torch.Tensor, n_outliers: int = 4, max_stride:
     don = assign_donors(sal, out, max_stride=max_stride)
     keep = worthwhile_pairs(sal, out, don, min_ratio)
     return Descriptor.build(out.gather(1, keep), don.gather(1, keep))
+
+
+# ----------------------------------------------------------------------------- attention-score gate
+
+GATES = ("off", "ratio", "score")
+LAYOUTS = ("per-channel", "per-token")
+
+
+def candidate_pairs(sal: torch.Tensor, n_outliers: int, max_stride: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 2-4: the ``n_outliers`` most salient channels per head and their donors, both ``[H, n]``,
+    ordered most salient first (so "the first ``c`` columns" is "the ``c`` most salient pairs")."""
+    D = sal.shape[1]
+    if 2 * n_outliers > D:
+        raise ValueError(f"{n_outliers} outliers per head need as many donor channels; head_dim is {D}")
+    out = select_outliers(sal, n_outliers)
+    don = assign_donors(sal, out, max_stride=max_stride)
+    order = sal.gather(1, out).argsort(dim=1, descending=True)
+    return out.gather(1, order), don.gather(1, order)
+
+
+def round_trip(x: torch.Tensor, desc: Descriptor, layout: str, group_size: int) -> torch.Tensor:
+    """Quantize and dequantize ``x [B, H, T, D]`` with ``desc`` in ``layout`` (PyTorch path).
+    Per channel, ``T`` is cut to whole groups of ``group_size`` (one group when ``T`` is shorter)."""
+    from llmkit.kernels import kv_quant as kq
+
+    B, H, T, D = x.shape
+    o, d, valid = desc.outlier_ids.to(x.device), desc.donor_ids.to(x.device), desc.valid.to(x.device)
+    if layout == "per-token":
+        packed, scale, zero = kq.quantize_tokens_ref(x, o, d, valid)
+        return kq.dequant_tokens_ref(packed, scale, zero, o, d, desc.fill, valid)
+    if layout != "per-channel":
+        raise ValueError(f"unknown InQuant layout {layout!r}; choose one of: {', '.join(LAYOUTS)}")
+    G = min(group_size, T)
+    m = T // G
+    x = x[..., :m * G, :]
+    role, partner = kq.role_maps(o, d, D, valid)
+    packed, scale, zero = kq.quantize_pack_ref(x.reshape(B, H * m, G, D), role.repeat_interleave(m, 0),
+                                               partner.repeat_interleave(m, 0))
+    return kq.dequant_unpack_ref(packed.view(B, H, m * G, D // 2), scale.view(B, H, m, D), zero.view(B, H, m, D),
+                                 [G] * m, o, d, valid=valid)
+
+
+def weighted_error(x: torch.Tensor, xq: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """Mean over rows and tokens of ``e^T W_h e`` per head (``e = xq - x``), ``[H]``. For keys with
+    ``W_h = E[q q^T]`` over the queries that read head ``h`` this is the mean squared error of the
+    attention logits ``q.k``; ``None`` = plain squared reconstruction error."""
+    x = x[..., :xq.shape[-2], :].float()
+    e = xq.float() - x
+    if weight is None:
+        return e.pow(2).sum(-1).mean(dim=(0, 2))
+    return torch.einsum("bhtd,hde,bhte->h", e, weight.to(e.device).float(), e) / (e.shape[0] * e.shape[2])
+
+
+def score_gate_counts(x: torch.Tensor, outliers: torch.Tensor, donors: torch.Tensor, weight: torch.Tensor | None,
+                      layout: str, group_size: int, fill: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention-score gate: for each head, how many of its candidate pairs (most salient
+    first) to keep, chosen as the count ``c in 0..n`` that minimises :func:`weighted_error` of
+    ``x`` after a round trip; each head decides alone. Returns ``(counts [H], errors [n+1, H])``."""
+    H, n = outliers.shape
+    errs = []
+    for c in range(n + 1):
+        desc = Descriptor.build(outliers, donors, torch.full((H,), c), fill, head_dim=x.shape[-1])
+        errs.append(weighted_error(x, round_trip(x, desc, layout, group_size), weight))
+    errs = torch.stack(errs)
+    return errs.argmin(0), errs  # argmin returns the first minimum: fewer pairs on ties
+
+
+def gated_descriptor(sal: torch.Tensor, n_outliers: int = 4, max_stride: int = 8, gate: str = "score",
+                     min_ratio: float = 15.0, x: torch.Tensor | None = None, weight: torch.Tensor | None = None,
+                     layout: str = "per-channel", group_size: int = 128,
+                     mean: torch.Tensor | None = None) -> Descriptor:
+    """A per-head descriptor from saliency ``sal [H, D]`` with one of three gates:
+
+    - ``"off"``: every candidate pair is kept (the paper's unconditional reuse);
+    - ``"ratio"``: the first pass's range-ratio gate (:func:`worthwhile_pairs`, one count for all heads);
+    - ``"score"``: :func:`score_gate_counts` on sample data ``x [B, H, T, D]`` weighted by ``weight``
+      (``[H, D, D]``; for keys the query second moments, so the criterion is the q.k error).
+
+    ``mean [H, D]`` gives the per-token layout's donor fill values (zeros when ``None``)."""
+    if gate not in GATES:
+        raise ValueError(f"unknown InQuant gate {gate!r}; choose one of: {', '.join(GATES)}")
+    H, D = sal.shape
+    if n_outliers == 0:
+        empty = torch.zeros(H, 0, dtype=torch.long, device=sal.device)
+        return Descriptor.build(empty, empty)
+    out, don = candidate_pairs(sal, n_outliers, max_stride)
+    fill = None
+    if layout == "per-token":
+        fill = (mean if mean is not None else torch.zeros_like(sal)).to(sal.device).float().gather(1, don)
+    if gate == "off":
+        counts = torch.full((H,), n_outliers)
+    elif gate == "ratio":
+        counts = torch.full((H,), worthwhile_pairs(sal, out, don, min_ratio).shape[1])
+    else:
+        if x is None:
+            raise ValueError("the score gate needs sample keys/values (x) to measure the error on")
+        counts, _ = score_gate_counts(x, out, don, weight, layout, group_size, fill)
+    return Descriptor.build(out, don, counts, fill, head_dim=D)

@@ -16,9 +16,22 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from llmkit.kernels.kv_quant import dequant_unpack, quantize_pack, role_maps
+from llmkit.kernels.kv_quant import (
+    dequant_tokens_ref,
+    dequant_unpack,
+    quantize_pack,
+    quantize_tokens_ref,
+    role_maps,
+)
 from llmkit.serving.kv_cache import baselines as bl
-from llmkit.serving.kv_cache.inquant import Descriptor, descriptor_from_saliency, sample_saliency
+from llmkit.serving.kv_cache.inquant import (
+    GATES,
+    Descriptor,
+    descriptor_from_saliency,
+    gated_descriptor,
+    sample_saliency,
+    token_saliency,
+)
 
 
 def _nbytes(t: torch.Tensor | None) -> int:
@@ -141,13 +154,25 @@ class _WindowedQuantLayer(DynamicLayer):
 
 class InQuantLayer(_WindowedQuantLayer):
     """InQuant: keys and values per channel over ``group_size`` tokens, ``n_outliers`` 8-bit
-    channels per kv-head stored in place through donor slots (see ``inquant.py``)."""
+    channels per kv-head stored in place through donor slots (see ``inquant.py``).
+
+    Descriptors come from ``calibration`` (an ``InQuantCalibration``: calibrated saliency, this
+    layer's ``layer_idx``) or, without one, from the first quantized chunk (sampled saliency).
+    ``gate``: ``"ratio"`` (first-pass range-ratio gate, ``min_ratio``), ``"score"`` (per-head,
+    attention-score error; reconstruction error when there is no calibration to weight it) or
+    ``"off"`` (every candidate pair)."""
+
+    layout = "per-channel"
 
     def __init__(self, group_size: int = 128, n_outliers: int = 4, max_stride: int = 8,
-                 n_samples: int = 64, seed: int = 0, backend: str = "auto", min_ratio: float = 15.0):
+                 n_samples: int = 64, seed: int = 0, backend: str = "auto", min_ratio: float = 15.0,
+                 gate: str = "ratio", calibration=None, layer_idx: int = 0):
+        if gate not in GATES:
+            raise ValueError(f"unknown InQuant gate {gate!r}; choose one of: {', '.join(GATES)}")
         self.n_outliers, self.max_stride, self.n_samples = n_outliers, max_stride, n_samples
-        self.min_ratio = min_ratio
+        self.min_ratio, self.gate, self.calibration, self.layer_idx = min_ratio, gate, calibration, layer_idx
         self.seed, self.backend = seed, backend
+        self.gate_group_size = group_size
         super().__init__(group_size)
 
     def _clear(self):
@@ -155,6 +180,28 @@ class InQuantLayer(_WindowedQuantLayer):
         self.descriptors: dict[str, Descriptor] = {}
         self._maps: dict = {}
         self._ids: dict = {}
+
+    def _make_descriptors(self, k: torch.Tensor, v: torch.Tensor):
+        """Once per cache layer: from the calibration, or from this first chunk."""
+        if self.calibration is not None:
+            for which in ("k", "v"):
+                self.descriptors[which] = self.calibration.descriptor(
+                    self.layer_idx, which, self.n_outliers, self.max_stride, self.gate, self.layout,
+                    self.gate_group_size, self.min_ratio)
+            return
+        H = k.shape[1]
+        # one saliency pass over keys and values together ([2H, D]), one descriptor per side
+        saliency = token_saliency if self.layout == "per-token" else sample_saliency
+        sal = saliency(torch.cat([k, v], dim=1), n_samples=self.n_samples, seed=self.seed)
+        for i, (which, x) in enumerate((("k", k), ("v", v))):
+            side = sal[i * H:(i + 1) * H]
+            if self.gate == "ratio" and self.layout == "per-channel":
+                self.descriptors[which] = descriptor_from_saliency(side, self.n_outliers, self.max_stride,
+                                                                   self.min_ratio)
+            else:
+                self.descriptors[which] = gated_descriptor(
+                    side, self.n_outliers, self.max_stride, self.gate, self.min_ratio, x=x, weight=None,
+                    layout=self.layout, group_size=self.gate_group_size, mean=x.float().mean(dim=(0, 2)))
 
     def _slot_maps(self, sides: str, device, m: int, D: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Markers recovered from the descriptors once per layer (and per chunk count ``m``): the
@@ -166,11 +213,11 @@ class InQuantLayer(_WindowedQuantLayer):
             roles, partners = [], []
             for which in sides:
                 d = self.descriptors[which]
-                o, dn = d.outlier_ids.to(device), d.donor_ids.to(device)
-                role, partner = role_maps(o, dn, D)
+                o, dn, ok = d.outlier_ids.to(device), d.donor_ids.to(device), d.valid.to(device)
+                role, partner = role_maps(o, dn, D, ok)
                 roles.append(role)
                 partners.append(partner)
-                self._ids[which] = (o, dn)
+                self._ids[which] = (o, dn, ok)
             self._maps[key] = (torch.cat(roles).repeat_interleave(m, 0), torch.cat(partners).repeat_interleave(m, 0))
         return self._maps[key]
 
@@ -178,11 +225,7 @@ class InQuantLayer(_WindowedQuantLayer):
         B, H, n, D = k.shape
         m = n // G
         if not self.descriptors:
-            # one saliency pass over keys and values together ([2H, D]), one descriptor per side
-            sal = sample_saliency(torch.cat([k, v], dim=1), n_samples=self.n_samples, seed=self.seed)
-            for i, which in enumerate(("k", "v")):
-                self.descriptors[which] = descriptor_from_saliency(sal[i * H:(i + 1) * H], self.n_outliers,
-                                                                   self.max_stride, self.min_ratio)
+            self._make_descriptors(k, v)
         if self.descriptors["k"].outliers.shape[1] == self.descriptors["v"].outliers.shape[1]:
             # keys and values are both grouped per channel and keep as many pairs per head, so one
             # kernel call quantizes both: [B, 2H, m*G, D] viewed as B rows of 2H*m groups of G
@@ -208,12 +251,43 @@ class InQuantLayer(_WindowedQuantLayer):
         s = self.store[which]
         if which not in self._ids:
             self._slot_maps(which, s["packed"].device, 1, 2 * s["packed"].shape[-1])
-        o, dn = self._ids[which]
+        o, dn, ok = self._ids[which]
         return dequant_unpack(s["packed"], s["scale"], s["zero"], self.group_lens, o, dn,
-                              backend=self.backend)
+                              backend=self.backend, valid=ok)
 
     def _meta_nbytes(self):
         return sum(d.nbytes for d in self.descriptors.values())
+
+
+class InQuantTokenLayer(InQuantLayer):
+    """InQuant with per-token groups (keys and values): every token is quantized when it arrives
+    (one bf16 scale/zero per token and kv-head over its normal channels, outliers 8-bit in place),
+    so there is no full-precision window: what an append-only cache wants. ``group_size`` is
+    used only to look up calibrated descriptors (the gate measures per-token error regardless).
+    The PyTorch path only (no Triton kernel for this layout yet)."""
+
+    layout = "per-token"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.group_size = 1  # the window drains at every update
+
+    def _append(self, k, v, G):
+        if not self.descriptors:
+            self._make_descriptors(k, v)
+        n = k.shape[-2]
+        for which, x in (("k", k), ("v", v)):
+            d = self.descriptors[which]
+            packed, scale, zero = quantize_tokens_ref(x, d.outlier_ids, d.donor_ids, d.valid)
+            old = self.store[which]
+            new = {"packed": packed, "scale": scale, "zero": zero}
+            self.store[which] = {name: torch.cat([old[name], t], dim=2) if name in old else t
+                                 for name, t in new.items()}
+        self.n_packed += n
+
+    def _dequantize(self, which):
+        s, d = self.store[which], self.descriptors[which]
+        return dequant_tokens_ref(s["packed"], s["scale"], s["zero"], d.outlier_ids, d.donor_ids, d.fill, d.valid)
 
 
 class KIVILayer(_WindowedQuantLayer):
