@@ -44,6 +44,10 @@ def register(sub):
     p.add_argument("--capacity", type=positive_int, default=256, help="cache entries per user (default 256)")
     p.add_argument("--eviction", choices=("multifactor", "lru"), default="multifactor")
     p.add_argument("--user", default="default", help="user for requests without a 'user' field")
+    p.add_argument("--assistant-turns", choices=("drop", "perturb"), default="drop",
+                   help="earlier assistant turns: not sent (default) or perturbed and charged like user text")
+    p.add_argument("--length-bucket", type=positive_int, default=None, metavar="N",
+                   help="pad each message to a multiple of N word pieces, so only the bucket of its length leaks")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run)
 
@@ -67,7 +71,8 @@ def run(args) -> int:
     cache = LDPCache.open(args.upstream, args.budget, state, epsilon_per_token=args.epsilon_per_token,
                           rr_epsilon=args.rr_epsilon, sim_threshold=args.sim_threshold,
                           gain_threshold=args.gain_threshold, capacity=args.capacity, eviction=args.eviction,
-                          model=args.model, api_key=args.api_key)
+                          model=args.model, api_key=args.api_key, assistant_turns=args.assistant_turns,
+                          length_bucket=args.length_bucket)
     cache.default_user = args.user
     cache.ledger.default_budget = args.budget
     print(f"llmkit ldp-proxy: http://{args.host}:{args.port}/v1 -> {cache.upstream.url} "
