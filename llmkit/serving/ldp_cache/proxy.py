@@ -2,8 +2,10 @@
 
 Apps keep their OpenAI client and point ``base_url`` at the proxy. Per request:
 the user is the request's ``user`` field (else the proxy's default user); all
-non-assistant messages are the private query; the answer comes from the cache or
-from the upstream (perturbed messages only). Each answer carries an ``ldp`` object
+non-assistant messages are the private query; earlier assistant turns are dropped
+(or perturbed and charged, with the cache's ``assistant_turns="perturb"``): they
+derive from private text and are never sent as they are. The answer comes from the
+cache or from the upstream (perturbed messages only). Each answer carries an ``ldp`` object
 (cache_hit, epsilon, spent, remaining) and ``X-LDP-*`` headers. When the next
 query could exceed the user's budget the proxy answers HTTP 429 with an
 OpenAI-style error (type ``insufficient_quota``, code ``privacy_budget_exceeded``),
