@@ -110,3 +110,16 @@ def test_a_query_epsilon_is_spread_over_the_tokens():
     assert out.epsilon == pytest.approx(0.9) and out.n_tokens == 3
     with pytest.raises(ValueError, match="query epsilon"):
         m.perturb("w1", np.random.default_rng(0), epsilon=float("inf"))
+
+
+def test_expected_keep_rate_is_exact_and_falls_with_epsilon():
+    m = _mech(6, 3, 1.0, 0)
+    text = "w1 w2 w3"
+    ids = m.tokenize(text)
+    rate = m.expected_keep_rate(text, epsilon=3.0)
+    assert rate == pytest.approx(np.mean(np.exp(m.log_probabilities(ids, 1.0)[np.arange(3), ids])))
+    rng = np.random.default_rng(0)
+    sampled = np.mean([np.mean(np.array(m.perturb_ids(ids, rng, 1.0)) == ids) for _ in range(4000)])
+    assert sampled == pytest.approx(rate, abs=0.02)
+    assert m.expected_keep_rate(text, epsilon=0.3) < rate < m.expected_keep_rate(text, epsilon=300.0)
+    assert m.expected_keep_rate(text, epsilon=0.0) == pytest.approx(1 / 6)

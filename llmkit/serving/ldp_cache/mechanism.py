@@ -141,6 +141,15 @@ class ExponentialTokenMechanism:
         out = self.perturb_ids(ids, rng, eps_tok)
         return Perturbed(self._detokenize(out), eps, len(ids))
 
+    def expected_keep_rate(self, text: str, epsilon: float | None = None) -> float:
+        """The expected share of word pieces released unchanged (exact, no sampling) at query ``epsilon``."""
+        ids = self.tokenize(text)
+        if not ids:
+            return 1.0
+        eps_tok = self.epsilon_per_token if epsilon is None else epsilon / len(ids)
+        logp = self.log_probabilities(ids, eps_tok)
+        return float(np.mean(np.exp(logp[np.arange(len(ids)), ids])))
+
     def perturb_many(self, texts: Sequence[str], rng: np.random.Generator) -> tuple[list[str], float]:
         """Perturb several texts (e.g. the user and system messages of one request); epsilon adds up."""
         outs = [self.perturb(t, rng) for t in texts]
