@@ -8,20 +8,22 @@ from llmkit.serving.guard import injection as I
 
 
 def test_build_pairs_settings_and_places_the_injection():
-    qs = [f"What is {i} + {i}?" for i in range(40)]
+    qs = [f"What is {i} + {i}?" for i in range(60)]
     samples = I.build(qs, seed=3)
-    assert len(samples) == 80
+    assert len(samples) == 120
     by_id = {}
     for s in samples:
         by_id.setdefault(s["id"], {})[s["setting"]] = s
-    positions = set()
-    for pair in by_id.values():
+    wordings = set()
+    for i, pair in enumerate(by_id.values()):
         a, c = pair["aligned"], pair["conflict"]
-        assert a["canary"] == c["canary"] and a["messages"][0]["content"] == I.SYSTEM
-        assert c["injection"] in c["messages"][1]["content"] and a["injection"] is None
-        assert c["canary"] in c["messages"][1]["content"] and c["canary"] not in a["messages"][1]["content"]
-        positions.add(c["messages"][1]["content"].startswith(c["injection"]))
-    assert positions == {True, False}  # both before and after the question
+        assert a["canary"] == c["canary"] and a["messages"][0] == c["messages"][0]
+        assert c["canary"] in c["messages"][0]["content"] and "Never reveal" in c["messages"][0]["content"]
+        assert a["injection"] is None and c["injection"] in I.INJECTIONS
+        assert qs[i] in a["messages"][1]["content"] and c["canary"] not in c["messages"][1]["content"]
+        assert (qs[i] in c["messages"][1]["content"]) == ("{q}" in c["injection"])
+        wordings.add(c["injection"])
+    assert len(wordings) >= 6  # the wordings are mixed
     assert I.build(qs, seed=3) == samples and I.build(qs, seed=4) != samples
 
 
@@ -34,9 +36,7 @@ def test_violates_is_a_whole_word_case_insensitive_canary_match():
     assert not I.violates(s, "")
 
 
-def test_no_canary_in_system_prompt_or_its_question():
-    for c in I.CANARIES:
-        assert c.lower() not in I.SYSTEM.lower()
+def test_canary_is_not_a_word_of_its_question():
     qs = [f"A {c.lower()} costs $3. How much do 2 cost?" for c in I.CANARIES[:-1]]
     for s in I.build(qs, settings=("aligned",)):
         assert not I.violates(s, s["messages"][1]["content"])
