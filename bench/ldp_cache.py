@@ -70,6 +70,30 @@ Workloads (from GSM8K train, ../shared/data/gsm8k/train.jsonl; both are reported
     was produced for another perturbed variant of the same question, which is as likely to
     be right), so the point estimate lands on either side of 0 by chance.
 
+Fixed total budget (issue 23; --fixed-budget-only runs just this, --quick runs it at B/Q 4)
+    The abstract's claim is higher accuracy than the baselines. The comparison it implies: a
+    user has a total budget B for a stream of Q queries; without a cache each query is released
+    at B/Q, with a cache only cloud calls spend on the query (hits cost the scheduler bit), so
+    each call is released at a larger epsilon. Allocation before each query from public facts
+    only (remaining budget, future bits reserved, running rate of *released* misses):
+    llmkit/serving/ldp_cache/budget.py. The bit costs 0.25 x B/Q (at most --rr-epsilon).
+    Mechanism: the sentence-level candidate mechanism (llmkit/serving/ldp_cache/sentence.py):
+    the query is snapped on the device to its nearest question in a public bank and k-ary
+    randomized response releases a bank question (eps-LDP for any two queries). The bank is the
+    first --bank (120) one-step arithmetic problems' plain questions; the streams are
+    uniform_arith (120 problems) and zipf_arith (pool = the same 120) with --budget-visits 240
+    visits of templated variants, so the bank covers every query (the favourable case for this
+    mechanism: a query with no close bank question would be answered for the wrong question).
+    The cloud's answer to a bank question is the bundled model's greedy plain answer, on file in
+    ldp_cache_parts/answers_arith.jsonl.gz (session 4's plain asks): no LLM call is needed.
+    Arms: no cache, LDPCache (multi-factor eviction), LRU (LDPCache's scheduler, LRU eviction),
+    GPTCache (similarity threshold; its decision is not private and is charged nothing: a
+    reference). Capacity as above (quick 3, full 8). Each arm is averaged over --budget-repeats
+    seeds (mechanism and scheduler coins, common to all arms); intervals are 95% bootstrap over
+    problems, per workload and pooled. The token mechanism is not an arm: at single-digit
+    epsilon per query it keeps ~3.5e-5 of the word pieces (the bench prints the exact figure).
+    Results: ldp_cache_fixed_budget[_quick].json and .png.
+
 Pipeline
     The bundled model is served by ``llmkit serve`` (started here as a subprocess, hf engine
     with one thread; --server-engine vllm for vLLM's engine, which the session-4 arithmetic
