@@ -1,6 +1,6 @@
 """LQZO bench: MeZO (full precision), QZO and LQZO at INT4 and INT2, and first-order QLoRA, on the bundled model.
 
-    python bench/lqzo.py --quick      # 60 ZO steps per run, lr swept per method; ends with one JSON line
+    python bench/lqzo.py --quick      # 50 ZO steps per run, lr swept per method; ends with one JSON line
     python bench/lqzo.py              # 200 steps, 3 seeds, more test rows
 
 A fair comparison at an equal budget: every ZO run gets the same number of forward passes (steps x 2)
@@ -53,7 +53,7 @@ def _cells(text: str) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--steps", type=int, default=None, help="ZO steps per run (quick 60, full 200)")
+    ap.add_argument("--steps", type=int, default=None, help="ZO steps per run (quick 50, full 200)")
     ap.add_argument("--lr-sweep", type=_floats, default=None,
                     help="comma-separated ZO step sizes for the scales (relative), swept per method and bit-width "
                          "(default 5e-4,2e-3,8e-3)")
@@ -72,13 +72,13 @@ def main() -> int:
     ap.add_argument("--skip-qlora", action="store_true", help="leave out the QLoRA training run (its memory probe stays)")
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "llmkit-lqzo-bench"))
     args = ap.parse_args()
-    steps = args.steps or (60 if args.quick else 200)
+    steps = args.steps or (50 if args.quick else 200)
     lrs = args.lr_sweep or [5e-4, 2e-3, 8e-3]
     mezo_lrs = args.mezo_lr_sweep or [3e-7, 1e-6, 3e-6]
     n_seeds = args.seeds or (2 if args.quick else 3)
     if steps < 1 or n_seeds < 1:
         ap.error("--steps and --seeds must be >= 1")
-    n_val, n_test, n_acc, n_train = (16, 32, 100, 400) if args.quick else (32, 64, 200, 1000)
+    n_val, n_test, n_acc, n_train = (12, 24, 48, 400) if args.quick else (32, 64, 200, 1000)
 
     import torch
 
@@ -167,11 +167,13 @@ def main() -> int:
                  "config": config, "accuracy_task": "sentiment", "runs": {}}
     todo = args.only if args.only is not None else [c for c in CELLS if not (c == "qlora_nf4" and args.skip_qlora)]
     # the untrained metrics this invocation needs (all of them when it writes the summary)
-    need = {0} | {int(c[-1]) for c in (todo if args.only is not None else CELLS) if "_int" in c}
+    need = {int(c[-1]) if "_int" in c else 0 for c in (todo if args.only is not None else CELLS)}
     for bits in (0, 4, 2):
         if bits in need:
             res[f"int{bits}_before" if bits else "full_precision"] = before(bits)
     for name in CELLS:
+        if args.only is not None and name not in todo:
+            continue
         part = load_part(name)
         if part is None and name in todo:
             try:

@@ -16,7 +16,9 @@ lags full precision, worst at 2 bits. LQZO adds three pieces, each a switch here
 Step (``trainer.py``, the estimator in ``llmkit.optim.zo.SeedZO``): for k < q, two forwards under
 ``torch.no_grad()`` at ``s (1 + mu z_k)`` and ``s (1 - mu z_k)``, ``d_k = (l+ - l-) / 2 mu``, optionally
 clipped (``--zo_clip``: QZO's clipping, the same scalar clipping as RSC-ZO), then
-``s <- s (1 - lr mean_k d_k z_k)``. No perturbation is stored (MeZO's seed trick), no optimizer state.
+``s <- s max(1 - lr mean_k d_k z_k, 0)`` (the max is QZO's non-negativity projection of the scales, in
+relative form: a too-large step zeroes a scale instead of flipping its sign). No perturbation is stored
+(MeZO's seed trick), no optimizer state.
 
 Deviations, and why:
 * Scales are perturbed and updated multiplicatively (ZO coordinates relative to the current scale):
@@ -27,8 +29,11 @@ Deviations, and why:
   and MSE-searched initial ranges; codes are stored one per byte (not packed).
 * Exact restore: the trainable tensors (scales, ~1/group of the weights) are copied once per direction
   and restored bit-exactly; MeZO on raw weights uses its own regenerate-and-subtract (no copy).
-* Low-rank directions keep unit variance per entry, so the estimator stays unbiased for the smoothed
-  loss up to O(mu^2); the paper's exact normalization is not given in the abstract.
+* Low-rank directions keep unit variance per entry (the same per-entry scale as QZO's full-rank
+  Gaussian), so the estimator stays unbiased for the smoothed loss up to O(mu^2); the paper's exact
+  normalization is not given in the abstract. Because the normalizations differ between methods in
+  general, a comparison must tune the step size per method: ``bench/lqzo.py`` sweeps it on a validation
+  split for each method and bit-width (``benchlib.tuned_runs``).
 """
 
 from llmkit.train.lqzo.config import PRESETS, ZO_METHODS, LQZOArguments, LQZOConfig

@@ -1,6 +1,7 @@
 """What ``bench/lqzo.py`` measures, as tested library code: quantized copies of a model (cached), the
-training runs of each method through the same trainers users run, held-out metrics, and peak memory /
-step time probes.
+training runs of each method through the same trainers users run, held-out metrics, the tuned comparison
+(``bench_splits``: disjoint train / validation / test data; ``tuned_runs``: per-method learning rate chosen
+on validation, reruns per seed, test-only reporting), and peak memory / step time probes.
 
 Memory: peak resident set size (RSS, sampled every 2 ms from ``/proc/self/statm`` in a thread) while one
 operation runs, in a fresh process per probe (``python -m llmkit.train.lqzo.benchlib probe KIND``) so
