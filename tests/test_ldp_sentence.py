@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from llmkit.serving.ldp_cache.embedder import HashEmbedder
+from llmkit.serving.ldp_cache.experiment import MemoEmbedder
 from llmkit.serving.ldp_cache.sentence import CandidateMechanism
 
 BANK = [f"tom has {i} apples and ann has {i + 3} pears how many fruit" for i in range(10)] + [
@@ -17,7 +18,7 @@ BANK = [f"tom has {i} apples and ann has {i + 3} pears how many fruit" for i in 
 
 
 def mech(eps=4.0, top_m=1):
-    return CandidateMechanism(BANK, HashEmbedder(), eps, top_m)
+    return CandidateMechanism(BANK, MemoEmbedder(HashEmbedder()), eps, top_m)
 
 
 def test_the_nearest_candidate_is_the_query_itself_or_its_paraphrase():
@@ -64,8 +65,9 @@ def test_empirical_distinguishability_of_neighbouring_queries_is_within_eps():
 def test_utility_rises_with_epsilon_and_the_charge_is_the_epsilon():
     rng = np.random.default_rng(1)
     rates = []
+    m = mech(4.0)
     for eps in (0.0, 2.0, 8.0):
-        outs = [mech(4.0).perturb("who wrote hamlet", rng, epsilon=eps) for _ in range(400)]
+        outs = [m.perturb("who wrote hamlet", rng, epsilon=eps) for _ in range(400)]
         assert all(o.epsilon == eps for o in outs)
         rates.append(np.mean([o.text == "who wrote hamlet" for o in outs]))
     assert rates[0] < 0.15 and rates[1] > rates[0] + 0.2 and rates[2] > 0.95
