@@ -159,4 +159,27 @@ def test_tiny_smith_run_with_upgrad_logs_each_axis(tmp_path, repo_root, monkeypa
     for m in steps:
         for axis in ("schema_reward", "code_reward", "outcome_reward"):
             assert f"jd/loss/{axis}" in m and f"jd/weight/{axis}" in m
+            assert 0.0 <= m[f"rewards/{axis}/group_spread"] <= 1.0
+        assert -1.0 <= m["reward_conflict/schema_reward__outcome_reward/cos"] <= 1.0
     assert json.loads((out / "eval.json").read_text())["reward_aggregation"] == "upgrad"
+
+
+def test_reward_conflict_stats_sees_spread_and_opposed_rankings():
+    from llmkit.train.reward_aggregation import reward_conflict_stats
+
+    nan = float("nan")
+    # group 1: a and b rank the rollouts oppositely; group 2: they agree; group 3: b has no spread (a NaN row)
+    rewards = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5],
+                            [0.0, 0.0], [1.0, 2.0], [2.0, 4.0],
+                            [1.0, 0.3], [0.0, 0.3], [2.0, nan]])
+    s = reward_conflict_stats(rewards, 3, ["a", "b"])
+    assert s["rewards/a/group_spread"] == pytest.approx(1.0)
+    assert s["rewards/b/group_spread"] == pytest.approx(2 / 3)
+    assert s["reward_conflict/a__b/cos"] == pytest.approx((-1.0 + 1.0) / 2)
+    assert s["reward_conflict/a__b/frac_opposed"] == pytest.approx(1 / 3)
+    same = reward_conflict_stats(torch.ones(4, 2), 2, ["a", "b"])
+    assert same["rewards/a/group_spread"] == 0 and same["reward_conflict/a__b/cos"] == 0
+    with pytest.raises(ValueError, match="groups of 3"):
+        reward_conflict_stats(torch.ones(4, 2), 3, ["a", "b"])
+    with pytest.raises(ValueError, match=r"rewards \['a'\]"):
+        reward_conflict_stats(torch.ones(4, 2), 2, ["a"])

@@ -7,7 +7,8 @@ forward pass (the per-token log-probabilities are computed once and reused), and
 (``llmkit.optim.jd`` over torchjd; paper: "Jacobian descent", ../shared/seeds/004_ead6308da16bc4ed.txt) turns
 grad L_1..grad L_K into one direction with a non-negative inner product with every -grad L_k: to first order no
 reward is traded away for another. Per-reward losses and UPGrad's weights are logged as ``jd/loss/<reward>`` and
-``jd/weight/<reward>``.
+``jd/weight/<reward>``; whatever the aggregation, every step also logs whether the rewards spread within the groups
+and pull apart (``reward_conflict_stats``), which is what makes the choice of aggregation matter at all.
 
 Rows a reward does not apply to (its function returned None, which TRL stores as NaN) are left out of that
 reward's group mean and scale and get advantage 0, so they add nothing to that reward's gradient. Deviations:
@@ -25,6 +26,44 @@ from __future__ import annotations
 import torch
 
 
+def reward_conflict_stats(rewards: torch.Tensor, group_size: int, names: list[str]) -> dict[str, float]:
+    """Do the rewards of a batch pull apart? ``rewards`` is (B, K) in groups of ``group_size`` consecutive rows
+    (GRPO's layout; NaN where a reward skipped a row). Returns, per reward, ``rewards/<name>/group_spread``: the
+    fraction of groups whose scored rows do not all get the same reward (a group without spread gives that
+    reward no advantage at all); and per pair a, b, over the groups where both spread (on rows both scored),
+    ``reward_conflict/<a>__<b>/cos``: the mean cosine between the two rewards' group-centred values (the
+    direction of their advantages; -1 = they rank the rollouts oppositely) and
+    ``reward_conflict/<a>__<b>/frac_opposed``: the fraction of all groups where that cosine is negative. The pair
+    keys are NaN-free: with no group where both spread, cos is 0 and frac_opposed 0."""
+    r = rewards.detach().float().cpu()
+    if r.dim() != 2 or r.shape[1] != len(names):
+        raise ValueError(f"rewards must be (batch, {len(names)}) for rewards {names}, got {tuple(r.shape)}")
+    if group_size < 1 or r.shape[0] % group_size:
+        raise ValueError(f"batch of {r.shape[0]} rows does not split into groups of {group_size}")
+    grouped = r.view(-1, group_size, r.shape[1])
+    scored = ~torch.isnan(grouped)
+    hi = torch.where(scored, grouped, torch.full_like(grouped, -float("inf"))).amax(dim=1)
+    lo = torch.where(scored, grouped, torch.full_like(grouped, float("inf"))).amin(dim=1)
+    spread = (scored.sum(dim=1) >= 2) & (hi - lo > 1e-6)  # (groups, K)
+    out = {f"rewards/{n}/group_spread": float(spread[:, k].float().mean()) for k, n in enumerate(names)}
+    for a in range(len(names)):
+        for b in range(a + 1, len(names)):
+            both = scored[..., a] & scored[..., b]  # (groups, g)
+            cos = []
+            for i in range(grouped.shape[0]):
+                rows = both[i]
+                if not (spread[i, a] and spread[i, b]) or rows.sum() < 2:
+                    continue
+                x, y = grouped[i, rows, a], grouped[i, rows, b]
+                x, y = x - x.mean(), y - y.mean()
+                if x.norm() > 1e-9 and y.norm() > 1e-9:
+                    cos.append(float(x @ y / (x.norm() * y.norm())))
+            key = f"reward_conflict/{names[a]}__{names[b]}"
+            out[f"{key}/cos"] = sum(cos) / len(cos) if cos else 0.0
+            out[f"{key}/frac_opposed"] = sum(c < 0 for c in cos) / grouped.shape[0]
+    return out
+
+
 class RewardJacobianDescentMixin:
     """Mix in before ``GRPOTrainer``. Active when ``args.reward_aggregation == "upgrad"``."""
 
@@ -39,6 +78,13 @@ class RewardJacobianDescentMixin:
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards_per_func = rewards  # gathered over processes, (global B, num funcs)
+        metrics = getattr(self, "_metrics", None)
+        if metrics is not None and rewards is not None and rewards.dim() == 2 and rewards.shape[1] > 1:
+            mode = "train" if self.model.training else "eval"
+            g = self.num_generations if mode == "train" else self.num_generations_eval
+            names = getattr(self, "reward_func_names", None) or [f"reward_{k}" for k in range(rewards.shape[1])]
+            for key, value in reward_conflict_stats(rewards, g, names).items():
+                metrics[mode][key].append(value)
         return rewards
 
     def attach_per_reward_advantages(self, out: dict, mode: str) -> dict:
