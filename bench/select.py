@@ -13,6 +13,7 @@ Figures (ratios / rates measured in the same run):
   for 12-component sparse PCA over St(20, 12) (subspace overlap >= 0.95 within 3000), where 78 of the 240
   ambient directions are normal to the manifold; on the sphere only 1 of n is, so there the paper's
   d-vs-n advantage is a factor 1 - 1/n and the ratio is expected near 1 (see llmkit/optim/es.py).
+  es_ratio_by_normal_share: that ratio on more spheres / Stiefel manifolds against 1 - d/n (plotted).
 - bts_vs_random_regret_ratio: median simple regret of GP batched Thompson sampling (batches of 4) /
   random search, equal evaluations, Branin and Hartmann-3 (geometric mean of the two ratios).
 - select_evals_vs_full: ``llmkit.selection.select_best`` (what ``llmkit select`` runs) over three
@@ -107,10 +108,12 @@ def bisection_figures(seeds: int) -> dict:
 
 ES_SPHERE = {"n": 100, "p": 1, "budget": 2000, "sigma0": 0.05, "target": 0.95}
 ES_STIEFEL = {"n": 20, "p": 12, "budget": 3000, "sigma0": 0.05, "target": 0.95}
+# more (n, p, budget) for the Riemannian / ambient ratio against the share of ambient directions normal to M
+ES_SWEEP = [(30, 1, 1500), (40, 4, 3000), (20, 6, 2000), (12, 8, 1500)]
 
 
 def es_figures(seeds: int) -> dict:
-    from llmkit.optim.es import ES_METHODS, compare_on_sparse_pca, summarize_evaluations
+    from llmkit.optim.es import ES_METHODS, compare_on_sparse_pca, intrinsic_dim, summarize_evaluations
 
     out = {"es_setting": {"sphere": ES_SPHERE, "stiefel": ES_STIEFEL, "seeds": seeds,
                           "success": "best point so far reaches overlap >= target within the budget",
@@ -128,7 +131,21 @@ def es_figures(seeds: int) -> dict:
             out[f"es_{name}_evals_vs_{m}"] = summ["riemannian"]["median"] / summ[m]["median"]
         out[f"es_{name}_evals_quartiles"] = {m: [summ[m]["q1"], summ[m]["median"], summ[m]["q3"]] for m in methods}
         out[f"es_{name}_runs"] = runs
+    sweep = [(ES_SPHERE["n"], 1, None, out["es_sphere_evals_vs_euclidean"]),
+             (ES_STIEFEL["n"], ES_STIEFEL["p"], None, out["es_stiefel_evals_vs_euclidean"])]
+    for n, p, budget in ES_SWEEP:
+        runs = compare_on_sparse_pca(n, p=p, seeds=seeds, budget=budget, methods=("riemannian", "euclidean"))
+        med = {m: summarize_evaluations(r["evals"], budget)["median"] for m, r in runs.items()}
+        sweep.append((n, p, budget, med["riemannian"] / med["euclidean"]))
+    out["es_ratio_by_normal_share"] = sorted(
+        ({"n": n, "p": p, "budget": b, "normal_share": 1 - intrinsic_dim((n, p) if p > 1 else (n,),
+                                                                          "stiefel" if p > 1 else "sphere") / (n * p),
+          "evals_vs_euclidean": r} for n, p, b, r in sweep), key=lambda e: e["normal_share"])
     return out
+
+
+def _manifold_label(e: dict) -> str:
+    return f"S^{e['n'] - 1}" if e["p"] == 1 else f"St({e['n']},{e['p']})"
 
 
 def bo_figures(seeds: int) -> dict:
@@ -227,6 +244,10 @@ def main():
                                       and k.startswith({"bandits": "tci", "bisection": "bisection", "es": "es",
                                                         "bo": "bts"}[name])) + f" ({time.time() - t0:.0f}s)",
               flush=True)
+        if name == "es":
+            print("es_ratio_by_normal_share (1 - d/n -> median evals Riemannian / ambient ES): "
+                  + ", ".join(f"{_manifold_label(e)} {e['normal_share']:.3f} -> {e['evals_vs_euclidean']:.3f}"
+                              for e in res["es_ratio_by_normal_share"]), flush=True)
     if not args.skip_model and "select" in only:
         res.update(select_figures(args.problems or (30 if q else 60), 20))
         print(f"select: evals_vs_full={res['select_evals_vs_full']:.3f} (CLI lookahead/batch "
@@ -257,7 +278,16 @@ def main():
                  "es_sphere_evals_vs_euclidean", "es_stiefel_evals_vs_euclidean", "bts_vs_random_regret_ratio",
                  "select_evals_vs_full"]
         vals = [res.get(k) or 0.0 for k in pkeys]
-        fig, ax = plt.subplots(figsize=(9, 3.5))
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [2.2, 1]})
+        sweep = res["es_ratio_by_normal_share"]
+        ax2.plot([e["normal_share"] for e in sweep], [e["evals_vs_euclidean"] for e in sweep], "o-")
+        for e in sweep:
+            ax2.annotate(_manifold_label(e),
+                         (e["normal_share"], e["evals_vs_euclidean"]), fontsize=7)
+        ax2.axhline(1.0, color="k", lw=0.8, ls="--")
+        ax2.set_xlabel("share of ambient directions normal to M (1 - d/n)", fontsize=8)
+        ax2.set_ylabel("median evals to overlap 0.95:\nRiemannian / ambient ES", fontsize=8)
+        ax2.set_title("sparse PCA: where the manifold ES is ahead", fontsize=9)
         ax.bar(range(len(pkeys)), vals)
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
         ax.set_xticks(range(len(pkeys)), [k.replace("_", "\n", 2) for k in pkeys], fontsize=7)
