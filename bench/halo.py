@@ -1,62 +1,50 @@
-"""HALO vs full finetuning vs LISA vs step-wise unfreezing: SFT of the bundled model on GSM8K train.
+"""HALO vs full finetuning vs LISA vs step-wise unfreezing: SFT of the bundled model on GSM8K.
 
-Each schedule trains a fresh copy of SmolLM2-135M-Instruct with the same data
-order, optimizer (AdamW, constant LR after a 1-step warmup) and step budget,
-through the same ``HaloSFTTrainer`` the recipe uses. Figures per schedule:
+Each schedule trains fresh copies of SmolLM2-135M-Instruct through the recipe's
+``HaloSFTTrainer`` (AdamW, constant LR, no warmup, no weight decay).
+The workload, sweep and statistics live in ``llmkit.train.halo.experiment``:
 
-- steps / train seconds to reach the target validation loss (completion NLL
-  on GSM8K test questions, measured every ``eval_every`` steps). Target =
-  initial loss minus ``--target_frac`` (0.8) of the improvement full
-  finetuning achieves by the end of the budget, so the anchor (full
-  finetuning) defines it in the same comparison.
-- final validation loss.
-- forgetting: completion NLL on MATH-500 solutions (never trained on) after
-  training minus before (negative = that loss went down too).
-- optimizer-state memory: AdamW state bytes averaged over steps and at peak.
+1. learning-rate sweep per schedule (seed 0, the smallest training size), scored
+   on a sweep split of GSM8K *train* rows outside the training pool; each schedule
+   then runs at its own best rate;
+2. for every training size (the low-resource regime) and seed: a seeded subset of
+   the pool and data order; validation loss (completion NLL on GSM8K *test*) every
+   ``eval_every`` steps; forgetting = completion NLL on MATH-500 solutions (never
+   trained on) after training minus before;
+3. per size: target = initial val loss - ``target_frac`` x full finetuning's mean
+   improvement; per schedule mean and sample std over seeds of steps to target
+   (runs that never reach it are censored and counted in ``reached_*``), final val
+   loss, forgetting, train seconds, AdamW state.
 
-Ratios against full finetuning: ``optimizer_bytes_ratio`` (mean HALO optimizer
-state / mean full), ``steps_ratio_halo``, ``wall_ratio_halo``,
-``train_s_ratio_halo``. Train seconds exclude the validation passes. Curves:
-validation loss vs step and vs train seconds, PNGs next to the JSON.
+Legacy keys (``final_val_loss_halo``, ``steps_ratio_halo``, ...) are the means at
+the largest size; ``*_n<size>`` keys hold the other size, ``*_std`` the spreads.
 
-    .venv/bin/python bench/halo.py --quick     # 6 steps, batch 2, 128 tokens: a smoke run (~5 min idle)
-    .venv/bin/python bench/halo.py             # the full comparison (preset FULL below)
+    .venv/bin/python bench/halo.py --quick     # sizes 8/64, 3 seeds, 6 steps, batch 2 x 128 tokens, lrs 1e-4/3e-4
+    .venv/bin/python bench/halo.py             # sizes 64/256, 3 seeds, 48 steps, batch 4 x 256 tokens, 4 lrs
 
-Why the full preset is what it is (timed on the shared 2-core CPU box, 1 torch
-thread, load ~2.5): one full-finetuning step of SmolLM2-135M costs ~15 s at
-batch 4 x <=256 tokens (~8 s at batch 2, ~34 s at batch 8, ~22 s at batch 4 x
-384); a validation pass over 16 GSM8K test examples ~20 s. GSM8K chat examples
-are ~220 tokens on average (90% <= 315), so 256 tokens keeps most answers whole.
-30 steps is the smallest budget where the schedule really plays out: HALO's t
-goes 0 -> 1 over the first half (15 steps; the 31 units -- head with the
-tied embedding, then the 30 decoder layers -- ramp in one after another), the
-second half is full finetuning for everyone but LISA, and validation every 3
-steps gives 10 points per curve. Measured: ~6-7 min per schedule (280-360 s training, the rest
-validation and loading), ~30 min for all four -- hence the per-method split below. The earlier default
-(60 steps, batch 8, 384 tokens, 48 validation examples) was ~5x that compute
-and did not fit the machine's shared time.
+Cost (shared 2-core box, 1 torch thread, load 15-20 while 8 people ran models):
+one full-finetuning step of SmolLM2-135M is ~10-20 s at batch 2 x 128 tokens, a
+forward pass over 8 validation examples ~5-8 s. The quick preset is 8 sweep runs
++ 24 runs (4 schedules x 2 sizes x 3 seeds) of 6 steps, about an hour under that
+load. Its 6 steps give HALO a 3-step homotopy over 32 units (head with the tied
+matrix, 30 decoder layers, the tied matrix's input role) and validation at steps
+3 and 6: a test of the machinery and of the direction of effects at 1.5 epochs
+(8 examples) and 0.2 epochs (64), not of the paper's long-run claim. GSM8K
+prompts are ~90 tokens, so 128 tokens train and score the first ~40 answer
+tokens. The full preset is ~20x that compute and did not fit the shared
+machine's time when this was written.
 
-Runs can be split per schedule (each piece holds a CPU slot for ~7 min):
-
-    .venv/bin/python bench/halo.py --methods full
-    .venv/bin/python bench/halo.py --methods halo
-    ...
-
-Each piece saves its raw run to ``bench/results/halo_parts/<name>_<method>.json``;
-after every piece, all parts with the same configuration are merged and the
-figures/plots rewritten, so four pieces give the same JSON as one plain
-``bench/halo.py`` (up to timing noise). The figures need the ``full`` part
-(it defines the target). ``--fresh`` ignores saved parts; ``--merge_only``
-trains nothing and just merges them.
+Every run is saved to ``bench/results/halo_parts/<name>/<run>.json`` as it finishes;
+a rerun with the same configuration skips finished runs (``--fresh`` retrains all),
+so the comparison can be built in several invocations (``--methods``, or after an
+interruption). ``--merge_only`` trains nothing and writes the figures from the parts.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,144 +52,38 @@ DATA = REPO.parent / "shared" / "data"
 RESULTS = REPO / "bench" / "results"
 METHODS = ("full", "halo", "lisa", "stepwise")
 
-QUICK = {"steps": 6, "batch": 2, "max_length": 128, "eval_every": 2, "n_train": 32, "n_val": 8, "n_forget": 8,
-         "lr": 1e-4}
-FULL = {"steps": 30, "batch": 4, "max_length": 256, "eval_every": 3, "n_train": 120, "n_val": 16, "n_forget": 16,
-        "lr": 1e-4}
-# keys that must match for two saved parts to be merged into one comparison
-CONFIG_KEYS = (*FULL, "homotopy_fraction", "ramp_width", "lisa_layers", "lisa_interval")
+QUICK = {"steps": 6, "batch": 2, "max_length": 128, "eval_every": 3, "sizes": "8,64", "seeds": 3, "n_val": 24,
+         "n_forget": 16, "n_sweep": 16, "lrs": "1e-4,3e-4", "pool": 1000, "forget_max_length": 192}
+FULL = {"steps": 48, "batch": 4, "max_length": 256, "eval_every": 6, "sizes": "64,256", "seeds": 3, "n_val": 64,
+        "n_forget": 32, "n_sweep": 32, "lrs": "1e-5,3e-5,1e-4,3e-4", "pool": 1000,
+        "forget_max_length": 512}
+SWEEP_ROWS_FROM = 7000  # GSM8K train rows from here on form the sweep split (the pool is the first `pool` rows)
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a few steps on short sequences (smoke run)")
+    p.add_argument("--quick", action="store_true", help="short runs at sizes 8/64 (see the docstring)")
     for k, v in FULL.items():
         p.add_argument(f"--{k}", type=type(v), help=f"override the preset (full: {v}, quick: {QUICK[k]})")
     p.add_argument("--target_frac", type=float, default=0.8,
-                   help="target = initial val loss - frac * (full finetuning's improvement)")
+                   help="target = initial val loss - frac * (full finetuning's mean improvement)")
     p.add_argument("--homotopy_fraction", type=float, default=0.5, help="HALO: share of the budget for t: 0->1")
     p.add_argument("--ramp_width", type=float, default=0.25, help="HALO: ramp width per unit (share of t)")
     p.add_argument("--lisa_layers", type=int, default=2)
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
-                   help="schedules to train in this invocation (others are taken from saved parts)")
+                   help="schedules to train in this invocation (others come from saved parts)")
     p.add_argument("--name", help="results name (default halo, or halo_quick with --quick)")
-    p.add_argument("--fresh", action="store_true", help="do not merge parts saved by earlier invocations")
-    p.add_argument("--merge_only", action="store_true", help="train nothing; merge the saved parts")
+    p.add_argument("--fresh", action="store_true", help="retrain runs that have saved parts")
+    p.add_argument("--merge_only", action="store_true", help="train nothing; figures from the saved parts")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the shared box: 1)")
     return p.parse_args()
 
 
-def train_methods(args, cfg: dict) -> dict[str, dict]:
-    import torch
-    from transformers import TrainerCallback
-    from trl import SFTConfig
-
-    from llmkit.models import load
-    from llmkit.train.common import chat_dataset, completion_loss, load_records
-    from llmkit.train.halo.trainer import trainer_class
-
-    torch.manual_seed(0)
-    base, tok = load("smollm2-135m-instruct")
-    train_ds = chat_dataset(load_records(str(DATA / "gsm8k/train.jsonl"), limit=cfg["n_train"]))
-    val = load_records(str(DATA / "gsm8k/test.jsonl"), limit=cfg["n_val"])
-    forget = load_records(str(DATA / "math500/test.jsonl"), limit=cfg["n_forget"])
-    L = cfg["max_length"]
-
-    def val_loss(model):
-        return completion_loss(model, tok, val, max_length=L, batch_size=cfg["batch"])
-
-    init_val = val_loss(base)
-    init_forget = completion_loss(base, tok, forget, max_length=L, batch_size=cfg["batch"])
-    print(f"initial val loss {init_val:.4f}, initial forget-set loss {init_forget:.4f}", flush=True)
-
-    class Probe(TrainerCallback):
-        """Train-time clock (validation excluded) and validation loss every eval_every steps."""
-
-        def __init__(self):
-            self.train_s, self.curve = 0.0, [(0, 0.0, init_val)]
-            self.losses: list[tuple[int, float]] = []
-
-        def on_step_begin(self, a, state, control, **kw):
-            self._t0 = time.perf_counter()
-
-        def on_step_end(self, a, state, control, model=None, **kw):
-            self.train_s += time.perf_counter() - self._t0
-            if state.global_step % cfg["eval_every"] == 0 or state.global_step == state.max_steps:
-                self.curve.append((state.global_step, self.train_s, val_loss(model)))
-                print(f"[{a.output_dir.rsplit('/', 1)[-1]}] step {state.global_step}: val loss "
-                      f"{self.curve[-1][2]:.4f}, train s {self.train_s:.1f}", flush=True)
-
-        def on_log(self, a, state, control, logs=None, **kw):
-            if logs and "loss" in logs:
-                self.losses.append((state.global_step, float(logs["loss"])))
-
-    runs = {}
-    out_root = Path(os.environ.get("TMPDIR", "/tmp")) / "llmkit-bench-halo"
-    for method in args.methods:
-        model = copy.deepcopy(base)
-        model.train()
-        probe = Probe()
-        targs = SFTConfig(
-            output_dir=str(out_root / method), max_steps=cfg["steps"], per_device_train_batch_size=cfg["batch"],
-            learning_rate=cfg["lr"], lr_scheduler_type="constant_with_warmup", warmup_steps=1, weight_decay=0.0,
-            max_length=L, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0,
-            data_seed=0, dataloader_num_workers=0, disable_tqdm=True,
-        )
-        trainer = trainer_class(distill=False)(
-            model=model, args=targs, train_dataset=train_ds, processing_class=tok, callbacks=[probe],
-            halo_callback_kwargs={"method": method, "homotopy_fraction": args.homotopy_fraction,
-                                      "ramp_width": args.ramp_width, "lisa_layers": args.lisa_layers,
-                                      "lisa_interval": cfg["lisa_interval"], "seed": 0})
-        print(f"[{method}] training {cfg['steps']} steps", flush=True)
-        load_before = os.getloadavg()[0]
-        wall0 = time.perf_counter()
-        trainer.train()
-        forget_after = completion_loss(model, tok, forget, max_length=L, batch_size=cfg["batch"])
-        opt_bytes = trainer.halo.optimizer_bytes
-        runs[method] = {
-            "config": {k: cfg[k] for k in CONFIG_KEYS},
-            "initial_val": init_val, "initial_forget": init_forget,
-            "curve": probe.curve, "train_losses": probe.losses, "train_s": probe.train_s,
-            "wall_s": time.perf_counter() - wall0,
-            "load_1min": [load_before, os.getloadavg()[0]],
-            "final_val": probe.curve[-1][2], "forgetting": forget_after - init_forget,
-            "opt_bytes": opt_bytes,
-            "opt_bytes_mean": sum(opt_bytes) / len(opt_bytes), "opt_bytes_peak": max(opt_bytes),
-            "units": len(trainer.halo.controller.units),
-        }
-        print(f"[{method}] done: final val {probe.curve[-1][2]:.4f}, train s {probe.train_s:.1f}, "
-              f"load {runs[method]['load_1min']}", flush=True)
-        del trainer, model
-    return runs
-
-
-def figures_for(runs: dict[str, dict], target_frac: float) -> dict:
-    full = runs.get("full")
-    init_val = next(iter(runs.values()))["initial_val"]
-    target = init_val - target_frac * (init_val - full["final_val"]) if full else None
-    figures: dict[str, float | int | None] = {"target_val_loss": target, "initial_val_loss": init_val}
-    for m in METHODS:
-        if m not in runs:
-            continue
-        r = runs[m]
-        hit = next(((s, t) for s, t, v in r["curve"][1:] if target is not None and v <= target), (None, None))
-        r["steps_to_target"], r["wall_to_target_s"] = hit
-        figures[f"steps_to_target_{m}"] = hit[0]
-        figures[f"wall_to_target_s_{m}"] = hit[1]
-        figures[f"final_val_loss_{m}"] = r["final_val"]
-        figures[f"forgetting_{m}"] = r["forgetting"]
-        figures[f"optimizer_mb_mean_{m}"] = r["opt_bytes_mean"] / 2**20
-        figures[f"optimizer_mb_peak_{m}"] = r["opt_bytes_peak"] / 2**20
-        figures[f"train_s_{m}"] = r["train_s"]
-    if full and "halo" in runs:
-        h = runs["halo"]
-        figures["optimizer_bytes_ratio"] = h["opt_bytes_mean"] / full["opt_bytes_mean"]
-        figures["optimizer_peak_bytes_ratio"] = h["opt_bytes_peak"] / full["opt_bytes_peak"]
-        figures["train_s_ratio_halo"] = h["train_s"] / full["train_s"]
-        if h["steps_to_target"] and full["steps_to_target"]:
-            figures["steps_ratio_halo"] = h["steps_to_target"] / full["steps_to_target"]
-            figures["wall_ratio_halo"] = h["wall_to_target_s"] / full["wall_to_target_s"]
-    return figures
+def _floats(s: str, what: str) -> list:
+    try:
+        return [float(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--{what} must be comma-separated numbers, got {s!r}") from None
 
 
 def main() -> int:
@@ -209,61 +91,127 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
+    from llmkit.train.common import completion_loss, load_records
+    from llmkit.train.halo import experiment as ex
+
     torch.set_num_threads(args.threads)
     cfg = dict(QUICK if args.quick else FULL)
     for k in FULL:
         if getattr(args, k) is not None:
             cfg[k] = getattr(args, k)
-    cfg.update(homotopy_fraction=args.homotopy_fraction, ramp_width=args.ramp_width, lisa_layers=args.lisa_layers,
-               lisa_interval=max(2, cfg["steps"] // 5))
+    sizes = sorted(int(x) for x in _floats(cfg["sizes"], "sizes"))
+    lrs = _floats(cfg["lrs"], "lrs")
+    seeds = list(range(cfg["seeds"]))
+    if not sizes or not lrs or not seeds:
+        raise SystemExit("need at least one size, one learning rate and one seed")
     name = args.name or ("halo_quick" if args.quick else "halo")
-    parts_dir = RESULTS / "halo_parts"
-    parts_dir.mkdir(parents=True, exist_ok=True)
+    parts = RESULTS / "halo_parts" / name
+    parts.mkdir(parents=True, exist_ok=True)
+    common = {"steps": cfg["steps"], "batch": cfg["batch"], "max_length": cfg["max_length"],
+              "eval_every": cfg["eval_every"], "homotopy_fraction": args.homotopy_fraction,
+              "ramp_width": args.ramp_width, "lisa_layers": args.lisa_layers,
+              "lisa_interval": max(2, cfg["steps"] // 5)}
+    data_cfg = {k: cfg[k] for k in ("n_val", "n_forget", "n_sweep", "pool", "forget_max_length")}
 
-    new = {} if args.merge_only else train_methods(args, cfg)
-    for m, r in new.items():
-        (parts_dir / f"{name}_{m}.json").write_text(json.dumps(r, indent=1) + "\n")
+    def part(kind, spec):
+        return parts / f"{kind}_{spec.key()}.json"
 
-    runs: dict[str, dict] = {}
-    want = {k: cfg[k] for k in CONFIG_KEYS}
+    def saved(kind, spec):
+        f = part(kind, spec)
+        if args.fresh or not f.exists():
+            return None
+        r = json.loads(f.read_text())
+        return r if r.get("spec") == spec.as_dict() and r.get("data") == data_cfg else None
+
+    state = {}
+
+    def model_and_data():  # loaded only when something has to be trained
+        if not state:
+            from llmkit.models import load
+
+            base, tok = load("smollm2-135m-instruct")
+            state.update(base=base, tok=tok,
+                         pool=load_records(str(DATA / "gsm8k/train.jsonl"), limit=cfg["pool"]),
+                         sweep=load_records(str(DATA / "gsm8k/train.jsonl"),
+                                            limit=SWEEP_ROWS_FROM + cfg["n_sweep"])[SWEEP_ROWS_FROM:],
+                         val=load_records(str(DATA / "gsm8k/test.jsonl"), limit=cfg["n_val"]),
+                         forget=load_records(str(DATA / "math500/test.jsonl"), limit=cfg["n_forget"]))
+            state["init_forget"] = completion_loss(base, tok, state["forget"], max_length=cfg["forget_max_length"],
+                                                   batch_size=8)
+            state["init_val"] = completion_loss(base, tok, state["val"], max_length=cfg["max_length"], batch_size=8)
+            print(f"initial val loss {state['init_val']:.4f}, forget-set loss {state['init_forget']:.4f}", flush=True)
+        return state
+
+    def run(kind, spec, with_val):
+        r = saved(kind, spec)
+        if r is not None:
+            return r
+        if args.merge_only or spec.method not in args.methods:
+            return None
+        s = model_and_data()
+        print(f"[{kind}] {spec.key()} ...", flush=True)
+        r = ex.train_run(s["base"], s["tok"], ex.train_subset(s["pool"], spec.n_train, spec.seed), spec,
+                         val_rows=s["val"] if with_val else None, initial_val=s["init_val"],
+                         end_sets={"forget": s["forget"]} if with_val else {"sweep": s["sweep"]},
+                         end_max_length=cfg["forget_max_length"] if with_val else None,
+                         out_dir=Path(os.environ.get("TMPDIR", "/tmp")) / "llmkit-bench-halo",
+                         log=lambda m: print(m, flush=True))
+        r["data"] = data_cfg
+        if with_val:
+            r["initial_val"] = r["curve"][0][2]
+            r["forgetting"] = r["end_losses"]["forget"] - s["init_forget"]
+        part(kind, spec).write_text(json.dumps(r, indent=1) + "\n")
+        print(f"[{kind}] {spec.key()} done: {r['end_losses']}, train s {r['train_s']:.1f}", flush=True)
+        return r
+
+    # 1. learning-rate sweep: seed 0, smallest size, scored on the sweep split
+    best_lr, sweep = {}, {}
     for m in METHODS:
-        if m in new:
-            runs[m] = new[m]
-        elif not args.fresh and (parts_dir / f"{name}_{m}.json").exists():
-            r = json.loads((parts_dir / f"{name}_{m}.json").read_text())
-            if r.get("config") == want:
-                runs[m] = r
-            else:
-                print(f"[merge] ignoring saved {m} part: different configuration", flush=True)
-    if len({round(r["initial_val"], 4) for r in runs.values()}) > 1:
-        raise SystemExit("saved parts disagree on the initial validation loss; rerun with --fresh")
-    if "full" not in runs:
-        print("[merge] no full-finetuning run yet (it defines the target): run --methods full to get figures")
+        scores = {}
+        for lr in lrs:
+            r = run("sweep", ex.RunSpec(method=m, lr=lr, seed=0, n_train=sizes[0], **common), with_val=False)
+            scores[lr] = r["end_losses"]["sweep"] if r else None
+        sweep[m] = scores
+        if all(v is None for v in scores.values()):
+            continue
+        best_lr[m] = ex.pick_best_lr(scores)
+        print(f"sweep {m}: " + ", ".join(f"lr {lr:g}: {v:.4f}" if v is not None else f"lr {lr:g}: (not run)"
+                                         for lr, v in scores.items()) + f" -> {best_lr[m]:g}", flush=True)
+    # 2. every schedule at its own rate, seed-major so that an interrupted run still covers both sizes
+    runs = []
+    for seed in seeds:
+        for n in sizes:
+            for m in METHODS:
+                if m in best_lr:
+                    r = run("run", ex.RunSpec(method=m, lr=best_lr[m], seed=seed, n_train=n, **common), with_val=True)
+                    if r is not None:
+                        runs.append(r)
+    if not any(r["spec"]["method"] == "full" for r in runs):
+        print("no full-finetuning run yet (it defines the target): run --methods full to get figures")
         return 0
 
-    figures = figures_for(runs, args.target_frac)
-    from llmkit.train.common import plot_curves
-
+    # 3. statistics, JSON, plot
+    summary = ex.summarize_runs(runs, args.target_frac)
+    figures = ex.flat_figures(summary, primary_n=max(summary))
+    figures["seeds"] = len({r["spec"]["seed"] for r in runs})
+    figures["sizes"] = sorted(summary)
     out_json = RESULTS / f"{name}.json"
-    report = {"config": {**cfg, "quick": args.quick, "target_frac": args.target_frac, "threads": args.threads,
-                         "methods": [m for m in METHODS if m in runs], "model": "smollm2-135m-instruct",
-                         "units": runs["full"]["units"]},
-              "figures": figures, "runs": {m: {k: v for k, v in r.items() if k != "opt_bytes"} for m, r in runs.items()}}
+    report = {"config": {**cfg, **common, "quick": args.quick, "target_frac": args.target_frac,
+                         "threads": args.threads, "seeds": seeds, "sizes": sizes, "lrs": lrs,
+                         "model": "smollm2-135m-instruct", "units": runs[0]["units"],
+                         "data": {"pool": f"gsm8k/train.jsonl rows 0-{cfg['pool'] - 1}",
+                                  "sweep": f"gsm8k/train.jsonl rows {SWEEP_ROWS_FROM}-"
+                                           f"{SWEEP_ROWS_FROM + cfg['n_sweep'] - 1}",
+                                  "val": f"gsm8k/test.jsonl first {cfg['n_val']}",
+                                  "forget": f"math500/test.jsonl first {cfg['n_forget']}"}},
+              "figures": figures, "sweep": {m: {f"{lr:g}": v for lr, v in s.items()} for m, s in sweep.items()},
+              "summary": {str(n): s for n, s in summary.items()},
+              "runs": [{k: v for k, v in r.items() if k != "train_losses"} for r in runs]}
     out_json.write_text(json.dumps(report, indent=2) + "\n")
-    target = figures["target_val_loss"]
-    plot_curves({m: ([s for s, _, _ in r["curve"]], [v for _, _, v in r["curve"]]) for m, r in runs.items()},
-                RESULTS / f"{name}.png", title="GSM8K validation loss (SmolLM2-135M SFT)", ylabel="val loss",
-                hline=target)
-    plot_curves({m: ([t for _, t, _ in r["curve"]], [v for _, _, v in r["curve"]]) for m, r in runs.items()},
-                RESULTS / f"{name}_time.png", title="GSM8K validation loss vs train time",
-                xlabel="train seconds", ylabel="val loss", hline=target)
-    plot_curves({m: (list(range(1, len(r["opt_bytes"]) + 1)), [b / 2**20 for b in r["opt_bytes"]])
-                 for m, r in runs.items() if r.get("opt_bytes")},
-                RESULTS / f"{name}_optimizer_mb.png", title="AdamW state after each step", ylabel="MB")
+    png = ex.plot_summary(runs, summary, RESULTS / f"{name}.png", title="GSM8K val loss, SmolLM2-135M SFT")
     for k, v in figures.items():
         print(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
-    print(f"results: {out_json} (curves: {RESULTS / (name + '.png')}, {RESULTS / (name + '_time.png')}, "
-          f"{RESULTS / (name + '_optimizer_mb.png')})")
+    print(f"results: {out_json} (curves: {png})")
     print(json.dumps(figures))
     return 0
 

@@ -117,3 +117,8 @@ def test_train_run_on_a_tiny_tied_model(tmp_path, gsm8k_slice):
     assert r["units"] == 4 and r["opt_bytes_peak"] > 0 and r["spec"]["method"] == "halo"
     # the base model is left untouched (each run trains a copy)
     assert (model.model.embed_tokens.weight == before).all()
+    # a known initial loss is taken as the curve's first point
+    r2 = ex.train_run(model, tok, ex.train_subset(rows, 4, 0), spec, val_rows=rows[:2], initial_val=123.0,
+                      out_dir=tmp_path, log=lambda m: None)
+    assert r2["curve"][0] == (0, 0.0, 123.0)
+    assert [(c[0], c[2]) for c in r2["curve"][1:]] == [(c[0], c[2]) for c in r["curve"][1:]]  # seeded: same run

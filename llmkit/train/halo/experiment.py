@@ -19,8 +19,9 @@
      never reach it counted as censored (``reached`` = how many did), never as
      the step budget.
 
-``train_run`` trains one copy of a model with ``HaloSFTTrainer`` -- the trainer
-the recipe uses -- so the bench measures the shipped code path.
+``train_run`` trains one copy of a model with ``HaloSFTTrainer`` (AdamW, constant rate, no
+warmup: a 1-step warmup starts at rate 0 and wastes a sixth of a 6-step run), the trainer the
+recipe uses, so the bench measures the shipped code path.
 """
 
 from __future__ import annotations
@@ -191,12 +192,14 @@ def _ratio(a, b):
 
 
 def train_run(base_model, tok, train_rows: list[dict], spec: RunSpec, *, val_rows: list[dict] | None = None,
-              end_sets: dict[str, list[dict]] | None = None, end_max_length: int | None = None,
+              initial_val: float | None = None, end_sets: dict[str, list[dict]] | None = None,
+              end_max_length: int | None = None,
               eval_batch: int = 8, out_dir: str | Path = "/tmp", log: Callable[[str], None] = print) -> dict:
     """Train a deep copy of ``base_model`` with ``spec``; return its validation curve and end-of-run losses.
 
     ``curve``: (step, train seconds, validation loss) at step 0 (when ``val_rows``) and every
-    ``eval_every`` steps and at the end; train seconds exclude evaluation. ``end_losses``: completion
+    ``eval_every`` steps and at the end; train seconds exclude evaluation. ``initial_val``: the base
+    model's validation loss if the caller has it (every run starts from the same weights). ``end_losses``: completion
     loss on each of ``end_sets`` after training (forgetting sets, the sweep split), with sequences
     cut at ``end_max_length`` (default ``spec.max_length``; MATH-500 problems alone can fill 128 tokens).
     """
@@ -237,11 +240,11 @@ def train_run(base_model, tok, train_rows: list[dict], spec: RunSpec, *, val_row
                 self.losses.append((state.global_step, float(logs["loss"])))
 
     if val_rows:
-        curve.append((0, 0.0, loss_on(model, val_rows)))
+        curve.append((0, 0.0, loss_on(model, val_rows) if initial_val is None else float(initial_val)))
     probe = Probe()
     targs = SFTConfig(
         output_dir=str(Path(out_dir) / tag), max_steps=spec.steps, per_device_train_batch_size=spec.batch,
-        learning_rate=spec.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=1, weight_decay=0.0,
+        learning_rate=spec.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_length=L, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=spec.seed,
         data_seed=spec.seed, dataloader_num_workers=0, disable_tqdm=True,
     )
