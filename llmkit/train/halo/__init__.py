@@ -34,7 +34,9 @@ backward (their gradients are discarded) because DDP needs a fixed set of
 parameters with gradients; DeepSpeed/FSDP (sharded parameters) are refused.
 
 Use: ``HaloSFTTrainer`` / ``HaloGKDTrainer`` (``trainer.py``) or attach a
-``HaloCallback`` to any transformers Trainer; the CLI recipe is ``recipe.py``.
+``HaloCallback`` to any transformers Trainer; the CLI recipe is ``recipe.py``. The comparison
+against the baselines (per-schedule learning-rate sweep, seeds, training sizes, forgetting,
+statistics) is ``experiment.py``, driven by ``bench/halo.py``.
 """
 
 from llmkit.train.halo.controller import HaloController, optimizer_state_bytes
