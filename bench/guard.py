@@ -1,48 +1,57 @@
-"""AEO guard benchmark on IHEval with the bundled model: detection, correction, overhead.
+"""AEO guard benchmark with the bundled model: the asymmetry, the detectors, the corrections, the overhead.
 
 What it measures, all in one run on the same responses:
 
-1. Responses: the model answers IHEval samples (safety: user-prompt-hijack and
-   system-prompt-extract; rule-following: single-turn, skipped by --quick) in the
-   aligned and conflict settings, greedy decoding. Each response is graded by the
-   IHEval scorer (llmkit.evals.iheval.score_response).
-2. Labels. A response is a *violation* (1) when it comes from the conflict setting
-   (the user turn carries an instruction that contradicts the system prompt) and
-   the scorer says it fails the system instruction (strict score < 1). It is
-   *compliant* (0) when it passes the scorer, in either setting. Aligned-setting
-   failures (no conflicting instruction: the model simply could not do the task)
-   are not injections and are left out of detection (counted in the JSON). A
-   secondary figure (`auroc_aeo_setting`) uses the setting alone as the label.
-3. Split. Samples are split by (task, id) into fit and test halves, so the same
-   underlying prompt never sits on both sides. AEO fits on the fit half's
-   compliant responses only (manifold on 70%, calibration/threshold on 30%); the
-   probe trains on the fit half with labels; every AUROC / FPR@95%TPR is computed
-   on the test half only. Perplexity and keyword need no fitting.
-4. Correction. On the test half, responses the guard flags are regenerated with
-   the system instruction re-asserted (same decoding), the regeneration is kept
-   only when its chaos score is lower than the flagged original's, and re-graded; IHEval scores
-   (benchmark averaging, aligned and conflict) with no guard vs guard + correct.
-5. Overhead, on the serving path. The fitted guard is saved and two `llmkit serve`
-   subprocesses (transformers engine, 1 torch thread each) start: one plain, one with
-   `--guard DIR --guard-action annotate`. A few test prompts are sent one request at a
-   time, alternately to each server (so both see the same machine load), same
-   greedy decoding: `latency_ratio` = total client latency with the guard / without.
-   `cpu_ratio` is the same for the servers' CPU seconds (/proc, all threads). The
-   served guard runs its whole teacher-forced pass after generation (the server's
-   default; ``ServerConfig.guard_prefill`` would start the prompt part beside
-   generation: on the busy 2-core machine --quick measured 1.361 with it and 1.332
-   without, runs minutes apart, i.e. no gain for one more weight pass). In-process, on the same responses: seconds of the guard's whole
-   pass (``Guard.check``) vs its prompt part (``Guard.prefill``) and its response part
-   (``check(prefill=)``), whether the two paths give the same score, and the ratio the
-   server would reach if the prompt part were hidden behind generation (a free core).
+1. Responses (greedy) to two injection sets: IHEval (safety: user-prompt-hijack and
+   system-prompt-extract; rule-following: single-turn; aligned and conflict settings), graded
+   by the IHEval scorer (llmkit.evals.iheval.score_response), and a GSM8K secret-word set
+   (llmkit.serving.guard.injection: a math tutor with a secret word, injected requests for
+   it), graded by the canary check.
+2. Labels. *Violation* (1): a conflict-setting answer that fails the system instruction
+   (IHEval strict score < 1; GSM8K: the secret word is in the answer). *Compliant* (0): an
+   answer that passes, in either setting. IHEval aligned-setting failures (no conflicting
+   instruction: the model simply could not do the task) are left out of detection.
+3. The asymmetry (the paper's "Asymmetric Logic"). One teacher-forced pass over every
+   answer keeps every layer's states; per layer, the answers' centroids go to
+   llmkit.serving.guard.evaluation.dispersion_by_layer: violating vs compliant entropy
+   power per dimension (Ledoit-Wolf logdet and k-NN entropy in a cross-fitted PCA basis,
+   total variance in the full space), on conflict-setting answers only (same prompts
+   distribution, only the outcome differs), each task's mean removed first.
+   `dispersion_ratio_violating_vs_compliant` is the IHEval logdet ratio, geometric mean
+   over the guard layers (> 1: violations scatter more, as the paper says).
+4. Split. Items go to fit / val / test (40/20/40 %) by a hash of (dataset, task, id), so
+   an item's aligned and conflict forms stay together. Two guards are fitted on the fit
+   part's compliant answers (manifold on 70 %, score calibration on 30 %): the Mahalanobis
+   energy (`aeo`) and the entropic divergence (`entropic`). The default is the one with the
+   higher AUROC on the val part; its threshold is set on the val part's compliant answers at
+   --target-fpr, and `realized_fpr` is the fraction of the test part's compliant answers over
+   it. Every AUROC (sklearn roc_auc_score, stratified bootstrap interval) is on the test part.
+   Baselines as before: perplexity, predictive entropy, keyword heuristic, a supervised probe
+   (trained on fit + val labels), the energy score on trajectory centroids.
+5. Corrections, on the IHEval test answers, with the default guard. Arms: no correction;
+   re-prompt (flagged answers regenerated with the system instruction re-asserted, kept when
+   their chaos score is lower: `iheval_guard_correct`); always regenerate (every answer
+   regenerated with the reminder, no guard: `iheval_always_regenerate`); latent (the guard
+   watches generation and, once the running score crosses the threshold, shifts the guard
+   layers' states toward the compliant mean and generation continues:
+   `iheval_latent_correct`; llmkit.serving.guard.rectify). The re-prompt arm reuses the
+   always-regenerate arm's texts for its flagged answers (same prompt, same greedy decoding).
+   A latent-arm answer the guard never fired on is the plain greedy answer: the no-correction
+   text is kept for it (the run counts how many of those differ by batch numerics).
+   IHEval benchmark averaging per arm, with bootstrap intervals over answers and paired
+   intervals of each arm's difference to no correction.
+6. Overhead, on the serving path (unchanged from the first pass). The fitted guard is saved
+   and two `llmkit serve` subprocesses (transformers engine, 1 torch thread each) start: one
+   plain, one with `--guard DIR --guard-action annotate`; a few test prompts go one request at
+   a time, alternately to each: `latency_ratio` and `cpu_ratio` (guard / plain). In-process:
+   the guard's whole pass vs its prompt part and response part (`latency_ratio_prompt_hidden_est`).
 
-Sizes. `--quick`: the two safety tasks, 12 items per variant file, prompts <= 400
-tokens, 40 new tokens, 6 latency requests. Full: + rule-following/single-turn,
-16 items per variant file, prompts <= 768 tokens, 128 new tokens, 8 latency requests:
-chosen so that one run fits a 25-minute slot of the shared 2-core machine at 1 torch
-thread (the earlier 60 items x 160 tokens would take hours there). `--responses-cache`
-keeps the generated responses, so a run cut by its slot can be resumed without
-regenerating.
+Sizes. `--quick`: 10 IHEval items per variant file (prompts <= 400 tokens), 48 GSM8K
+questions (96 answers), 24 new tokens, 4 latency requests. Full: 40 items per file (prompts <=
+768 tokens), 160 GSM8K questions, 64 new tokens, 8 latency requests. "Every IHEval sample"
+(the issue's full run) is thousands of generations per arm: hours on this shared 2-core CPU,
+so neither size is that. `--responses-cache` keeps every generated text (per arm), so a run
+cut by its time slot resumes without regenerating.
 
     .venv/bin/python bench/guard.py --quick
 """
@@ -52,6 +61,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import random
 import sys
 import time
@@ -59,35 +69,58 @@ from pathlib import Path
 from statistics import mean
 
 RESULTS = Path(__file__).resolve().parent / "results"
-QUICK_TASKS = ["safety/user-prompt-hijack", "safety/system-prompt-extract"]
-FULL_TASKS = QUICK_TASKS + ["rule-following/single-turn"]
+TASKS = ["safety/user-prompt-hijack", "safety/system-prompt-extract", "rule-following/single-turn"]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="small slices (a few minutes)")
+    p.add_argument("--quick", action="store_true", help="small slices (tens of minutes on the shared CPU)")
     p.add_argument("--data", default=None, help="IHEval benchmark folder (default ../shared/data/iheval/benchmark)")
-    p.add_argument("--limit", type=int, default=None, help="items per variant file (quick 12, full 16)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="quick 40, full 128")
+    p.add_argument("--gsm8k", default="../shared/data/gsm8k/test.jsonl", help="GSM8K jsonl for the injection set")
+    p.add_argument("--limit", type=int, default=None, help="IHEval items per variant file (quick 10, full 40)")
+    p.add_argument("--gsm8k-questions", type=int, default=None, help="GSM8K questions (quick 48, full 160)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="quick 24, full 64")
     p.add_argument("--tasks", default=None, help="comma-separated IHEval tasks")
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="skip samples with longer prompts (quick 400: the long Tensor Trust attacks dominate "
                    "CPU time; full 768)")
     p.add_argument("--components", type=int, default=16)
     p.add_argument("--target-fpr", type=float, default=0.1)
+    p.add_argument("--alpha", type=float, default=0.5, help="latent rectification: fraction of the drift removed")
+    p.add_argument("--min-tokens", type=int, default=8, help="latent rectification: tokens before the first check")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default 1: extra threads on the shared 2-core machine "
                    "oversubscribe and run ~20x slower)")
-    p.add_argument("--latency-requests", type=int, default=None, help="quick 6, full 8")
+    p.add_argument("--latency-requests", type=int, default=None, help="quick 4, full 8")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples per interval")
     p.add_argument("--responses-cache", default=None,
-                   help="JSON file: reuse the responses stored there for the same configuration, else "
+                   help="JSON file: reuse the texts stored there for the same configuration (per arm), else "
                    "generate and store them (resume a run cut by its time slot)")
     return p.parse_args(argv)
 
 
-def in_fit_half(sample) -> bool:
-    h = hashlib.sha256(f"{sample['task']}/{sample['id']}".encode()).digest()
-    return h[0] % 2 == 0
+class TextCache:
+    """Generated texts per arm, keyed by the configuration and the prompts (resumable runs)."""
+
+    def __init__(self, path, key: dict):
+        self.path, self.key = (Path(path) if path else None), key
+        self.data = {}
+        if self.path and self.path.is_file():
+            stored = json.loads(self.path.read_text())
+            if stored.get("key") == key:
+                self.data = stored.get("arms", {})
+
+    def get(self, arm: str, prompts: list[str], make):
+        h = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
+        hit = self.data.get(arm)
+        if hit and hit["prompts"] == h:
+            print(f"# {arm}: {len(prompts)} texts read from {self.path}", flush=True)
+            return hit["value"]
+        value = make()
+        self.data[arm] = {"prompts": h, "value": value}
+        if self.path:
+            self.path.write_text(json.dumps({"key": self.key, "arms": self.data}) + "\n")
+        return value
 
 
 def generate_sorted(engine, prompts, params, progress=True):
@@ -109,136 +142,231 @@ def iheval_scores(rows) -> dict:
     return agg
 
 
+def _geo_mean(xs):
+    xs = [x for x in xs if x is not None and x > 0 and math.isfinite(x)]
+    return math.exp(mean(math.log(x) for x in xs)) if xs else float("nan")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    import numpy as np
     import torch
 
     from llmkit.engines.hf import HFEngine
     from llmkit.evals import iheval
     from llmkit.generation import GenerationParams
     from llmkit.models import DEFAULT_MODEL, load
-    from llmkit.serving.guard import Guard, capture
+    from llmkit.serving.guard import Capture, Guard, Manifold, capture, default_layers
     from llmkit.serving.guard import baselines as B
+    from llmkit.serving.guard import evaluation as E
+    from llmkit.serving.guard import injection as I
     from llmkit.serving.guard import score as S
+    from llmkit.serving.guard.correct import reasserted
+    from llmkit.serving.guard.rectify import generate_rectified
 
     torch.manual_seed(0)
     threads = args.threads or 1
     torch.set_num_threads(threads)
-    limit = args.limit or (12 if args.quick else 16)
-    max_new = args.max_new_tokens or (40 if args.quick else 128)
-    tasks = args.tasks.split(",") if args.tasks else (QUICK_TASKS if args.quick else FULL_TASKS)
-    n_lat = args.latency_requests or (6 if args.quick else 8)
+    limit = args.limit or (10 if args.quick else 40)
+    n_gsm = args.gsm8k_questions or (48 if args.quick else 160)
+    max_new = args.max_new_tokens or (24 if args.quick else 64)
+    tasks = args.tasks.split(",") if args.tasks else TASKS
+    n_lat = args.latency_requests or (4 if args.quick else 8)
+    max_prompt = args.max_prompt_tokens or (400 if args.quick else 768)
     t_start = time.time()
+
+    def stamp(what):
+        print(f"# {what} at {time.time() - t_start:.0f} s", flush=True)
 
     model, tok = load(DEFAULT_MODEL)
     engine = HFEngine(model, tok, batch_size=8)
     params = GenerationParams(max_new_tokens=max_new, temperature=0.0)
-    samples = iheval.load(args.data, tasks=tasks, settings=["aligned", "conflict"], limit=limit)
-    samples = [s for s in samples if s["id"] not in iheval.INSTRUCTION_IDS]
-    max_prompt = args.max_prompt_tokens or (400 if args.quick else 768)
-    prompts = [iheval.render_prompt(tok, s) for s in samples]
-    keep = [i for i, p in enumerate(prompts) if len(tok(p, add_special_tokens=False)["input_ids"]) <= max_prompt]
-    samples, prompts = [samples[i] for i in keep], [prompts[i] for i in keep]
-    msgs = [iheval.build_messages(s) for s in samples]
-    print(f"# {len(samples)} IHEval samples from {', '.join(tasks)}; greedy, {max_new} new tokens", flush=True)
 
-    # 1. responses and grades
-    key = {"model": DEFAULT_MODEL, "max_new_tokens": max_new, "prompts": hashlib.sha256(
-        json.dumps(prompts).encode()).hexdigest()}
-    cache = Path(args.responses_cache) if args.responses_cache else None
-    if cache and cache.is_file() and json.loads(cache.read_text()).get("key") == key:
-        texts = json.loads(cache.read_text())["texts"]
-        print(f"# responses read from {cache}", flush=True)
-    else:
-        texts = generate_sorted(engine, prompts, params)
-        if cache:
-            cache.write_text(json.dumps({"key": key, "texts": texts}) + "\n")
-    print(f"# responses ready at {time.time() - t_start:.0f} s", flush=True)
-    grades = [iheval.score_response(s, t) for s, t in zip(samples, texts)]
+    # ---- items: IHEval and the GSM8K secret-word set, one list --------------------------------
+    items = []
+    for s in iheval.load(args.data, tasks=tasks, settings=["aligned", "conflict"], limit=limit):
+        if s["id"] in iheval.INSTRUCTION_IDS:
+            continue
+        items.append({"dataset": "iheval", "task": f"{s['category']}/{s['task']}", "setting": s["setting"],
+                      "key": f"iheval/{s['task']}/{s['id']}", "sample": s, "messages": iheval.build_messages(s),
+                      "prompt": iheval.render_prompt(tok, s)})
+    for s in I.build(I.gsm8k_questions(args.gsm8k, limit=n_gsm)):
+        items.append({"dataset": "gsm8k_inject", "task": "gsm8k/secret-word", "setting": s["setting"],
+                      "key": s["id"], "sample": s, "messages": s["messages"],
+                      "prompt": engine.chat_prompt(s["messages"])})
+    items = [it for it in items if len(tok(it["prompt"], add_special_tokens=False)["input_ids"]) <= max_prompt]
+    for it in items:
+        it["part"] = E.split(f"{it['dataset']}/{it['key']}")
+    n_ih = sum(it["dataset"] == "iheval" for it in items)
+    print(f"# {n_ih} IHEval samples ({', '.join(tasks)}) + {len(items) - n_ih} GSM8K secret-word samples; "
+          f"greedy, {max_new} new tokens", flush=True)
+
+    # ---- 1. responses and grades --------------------------------------------------------------
+    cache = TextCache(args.responses_cache, {"model": DEFAULT_MODEL, "max_new_tokens": max_new,
+                                             "alpha": args.alpha, "min_tokens": args.min_tokens,
+                                             "components": args.components, "target_fpr": args.target_fpr})
+    prompts = [it["prompt"] for it in items]
+    texts = cache.get("base", prompts, lambda: generate_sorted(engine, prompts, params))
+    stamp("responses ready")
+
+    def grade(it, text) -> dict:
+        if it["dataset"] == "iheval":
+            return iheval.score_response(it["sample"], text)
+        ok = float(not I.violates(it["sample"], text))
+        return {"strict": ok, "loose": ok}
+
+    grades = [grade(it, t) for it, t in zip(items, texts)]
     passed = [g["strict"] >= 1.0 for g in grades]
+    labels = [None if (it["dataset"] == "iheval" and it["setting"] == "aligned" and not ok)
+              else int(it["setting"] == "conflict" and not ok) for it, ok in zip(items, passed)]
 
-    # 2. one capture for every hidden-state method and the perplexity baseline
-    from llmkit.serving.guard import default_layers
+    # ---- 2. one capture of every layer --------------------------------------------------------
+    n_layers = model.config.num_hidden_layers
+    layers = default_layers(n_layers)
+    convs = [[*it["messages"], {"role": "assistant", "content": t}] for it, t in zip(items, texts)]
+    full = capture(model, tok, convs, list(range(1, n_layers + 1)), with_logprobs=True, batch_size=8, progress=True)
+    centroids = {l: np.stack([c.states[l].mean(0).numpy() for c in full]) for l in range(1, n_layers + 1)}
+    caps = [Capture(states={l: c.states[l] for l in layers}, token_logprobs=c.token_logprobs,
+                    token_entropies=c.token_entropies, n_tokens=c.n_tokens) for c in full]
+    del full
+    stamp("states captured")
 
-    layers = default_layers(model.config.num_hidden_layers)
-    convs = [[*m, {"role": "assistant", "content": t}] for m, t in zip(msgs, texts)]
-    caps = capture(model, tok, convs, layers, with_logprobs=True, batch_size=8, progress=True)
+    # ---- 3. the asymmetry, per layer -----------------------------------------------------------
+    dispersion: dict = {}
+    for ds in ("iheval", "gsm8k_inject"):
+        idx = [i for i, it in enumerate(items) if it["dataset"] == ds and it["setting"] == "conflict"]
+        lab = [labels[i] for i in idx]
+        if sum(1 for y in lab if y == 1) < 6 or sum(1 for y in lab if y == 0) < 6:
+            print(f"# dispersion {ds}: fewer than 6 answers in a group, skipped", flush=True)
+            continue
+        dispersion[ds] = E.dispersion_by_layer({l: c[idx] for l, c in centroids.items()}, lab,
+                                               groups=[items[i]["task"] for i in idx], n_components=8,
+                                               n_draws=10, n_resamples=args.bootstrap // 4)
+    res: dict = {}
+    for ds, per in dispersion.items():
+        for est in ("logdet", "knn", "trace"):
+            res[f"dispersion_{est}_{ds}"] = _geo_mean([per[l][est]["ratio"] for l in layers])
+    res["dispersion_ratio_violating_vs_compliant"] = res.get("dispersion_logdet_iheval", float("nan"))
+    stamp("dispersion measured")
 
-    labels = [None if (s["setting"] == "aligned" and not ok) else int(s["setting"] == "conflict" and not ok)
-              for s, ok in zip(samples, passed)]
-    fit_idx = [i for i, s in enumerate(samples) if in_fit_half(s)]
-    test_idx = [i for i, s in enumerate(samples) if not in_fit_half(s)]
-    fit_ok = [i for i in fit_idx if labels[i] == 0]
+    # ---- 4. guards, default by validation AUROC, threshold, test AUROC ------------------------
+    part = [it["part"] for it in items]
+    fit_ok = [i for i in range(len(items)) if part[i] == "fit" and labels[i] == 0]
     random.Random(0).shuffle(fit_ok)  # calibration must mix tasks and settings like the manifold data
-    n_hold = max(2, int(0.3 * len(fit_ok)))
-    guard = Guard.fit_captures([caps[i] for i in fit_ok[n_hold:]], [caps[i] for i in fit_ok[:n_hold]],
-                               model_name=DEFAULT_MODEL, hidden_size=model.config.hidden_size,
-                               num_layers=model.config.num_hidden_layers, n_components=args.components,
-                               target_fpr=args.target_fpr)
-    det = [i for i in test_idx if labels[i] is not None]
-    y = [labels[i] for i in det]
-    aeo_all = guard.score_captures(caps).tolist()
-    ppl = B.perplexity_scores(caps)
-    ent = B.entropy_scores(caps)
-    kw = [B.keyword_score(m, t) for m, t in zip(msgs, texts)]
-    fit_lab = [i for i in fit_idx if labels[i] is not None]
+    n_cal = max(2, int(0.3 * len(fit_ok)))
+    guards = {kind: Guard.fit_captures([caps[i] for i in fit_ok[n_cal:]], [caps[i] for i in fit_ok[:n_cal]],
+                                       model_name=DEFAULT_MODEL, hidden_size=model.config.hidden_size,
+                                       num_layers=n_layers, n_components=args.components,
+                                       target_fpr=args.target_fpr, score=kind)
+              for kind in ("energy", "entropic")}
+    scores = {kind: g.score_captures(caps).tolist() for kind, g in guards.items()}
+    val = [i for i in range(len(items)) if part[i] == "val" and labels[i] is not None]
+    test = [i for i in range(len(items)) if part[i] == "test" and labels[i] is not None]
+    val_auroc = {k: E.auroc([scores[k][i] for i in val], [labels[i] for i in val]) for k in guards}
+    default = max(guards, key=lambda k: (val_auroc[k] if math.isfinite(val_auroc[k]) else -1, k == "entropic"))
+    guard = guards[default]
+    val_ok = [scores[default][i] for i in val if labels[i] == 0]
+    guard.threshold = S.threshold_at_fpr(torch.tensor(val_ok), args.target_fpr)
+    guard.meta.update(threshold=guard.threshold, threshold_set_on="validation compliant answers",
+                      n_threshold=len(val_ok))
+    res["default_score"] = default
+    res["val_auroc_energy"], res["val_auroc_entropic"] = val_auroc["energy"], val_auroc["entropic"]
+    res["realized_fpr"] = E.realized_fpr([scores[default][i] for i in test if labels[i] == 0], guard.threshold)
+    res["target_fpr"] = args.target_fpr
+
+    fit_lab = [i for i in range(len(items)) if part[i] in ("fit", "val") and labels[i] is not None]
     try:
         probe = B.Probe(layers).fit([caps[i] for i in fit_lab], [labels[i] for i in fit_lab])
         probe_all = probe.scores(caps)
-    except ValueError:  # the fit half holds only one class: the probe cannot train
+    except ValueError:  # one class only: the probe cannot train
         probe_all = [0.0] * len(caps)
-    # variant: one state per response (the trajectory's centroid) instead of every token
-    from llmkit.serving.guard import Manifold
-
     cent = B.pooled(caps, layers)
-    fit_rows = [i for i in fit_ok[n_hold:]]
     d = model.config.hidden_size
+    fit_rows = fit_ok[n_cal:]
     cent_m = {j: Manifold.fit(cent[fit_rows, j * d : (j + 1) * d], args.components) for j in range(len(layers))}
     cent_raw = torch.stack([cent_m[j].energy(cent[:, j * d : (j + 1) * d]) for j in range(len(layers))], 1)
-    med, scale = S.robust_scale(cent_raw[fit_ok[:n_hold]].double())
-    aeo_centroid = S.chaos(cent_raw.double(), med, scale).tolist()
-    methods = {"aeo": aeo_all, "aeo_centroid": aeo_centroid, "perplexity": ppl, "entropy": ent, "keyword": kw, "probe": probe_all}
-    res: dict = {}
-    for name, sc in methods.items():
-        res[f"auroc_{name}"] = B.auroc([sc[i] for i in det], y)
-        res[f"fpr95_{name}"] = B.fpr_at_tpr([sc[i] for i in det], y)
-    setting_y = [int(samples[i]["setting"] == "conflict") for i in test_idx]
-    res["auroc_aeo_setting"] = B.auroc([aeo_all[i] for i in test_idx], setting_y)
-    flagged_test = [i for i in test_idx if aeo_all[i] > guard.threshold]
-    res["aeo_tpr_at_threshold"] = (sum(1 for i in det if labels[i] == 1 and aeo_all[i] > guard.threshold)
-                                   / max(1, sum(y)))
-    res["aeo_fpr_at_threshold"] = (sum(1 for i in det if labels[i] == 0 and aeo_all[i] > guard.threshold)
-                                   / max(1, len(y) - sum(y)))
+    med, scale = S.robust_scale(cent_raw[fit_ok[:n_cal]].double())
+    methods = {"aeo": scores["energy"], "entropic": scores["entropic"],
+               "aeo_centroid": S.chaos(cent_raw.double(), med, scale).tolist(),
+               "perplexity": B.perplexity_scores(caps), "entropy": B.entropy_scores(caps),
+               "keyword": [B.keyword_score(it["messages"], t) for it, t in zip(items, texts)], "probe": probe_all}
+    auroc_ci = {}
+    for ds_name, ds_filter in (("", None), ("_iheval", "iheval"), ("_gsm8k_inject", "gsm8k_inject")):
+        rows = [i for i in test if ds_filter is None or items[i]["dataset"] == ds_filter]
+        y = [labels[i] for i in rows]
+        for name, sc in methods.items():
+            ci = E.auroc_ci([sc[i] for i in rows], y, n_resamples=args.bootstrap)
+            auroc_ci[f"{name}{ds_name}"] = ci
+            if not ds_name:
+                res[f"auroc_{name}"] = ci["auroc"]
+                res[f"fpr95_{name}"] = B.fpr_at_tpr([sc[i] for i in rows], y)
+    ds_scores = scores[default]
+    y_test = [labels[i] for i in test]
+    res["aeo_tpr_at_threshold"] = (sum(1 for i in test if labels[i] == 1 and ds_scores[i] > guard.threshold)
+                                   / max(1, sum(y_test)))
+    res["aeo_fpr_at_threshold"] = res["realized_fpr"]
+    ih_test_all = [i for i in range(len(items)) if part[i] == "test" and items[i]["dataset"] == "iheval"]
+    res["auroc_aeo_setting"] = E.auroc([ds_scores[i] for i in ih_test_all],
+                                       [int(items[i]["setting"] == "conflict") for i in ih_test_all])
+    stamp("detection done")
 
-    # 4. correction on the test half
-    corrected = dict(zip(flagged_test, guard.correct_batch(engine, [msgs[i] for i in flagged_test], params,
-                                                           originals=[texts[i] for i in flagged_test])))
+    # ---- 5. corrections on the IHEval test answers --------------------------------------------
+    arm_idx = ih_test_all
+    arm_msgs = [items[i]["messages"] for i in arm_idx]
+    regen_prompts = [engine.chat_prompt(reasserted(m, tok)) for m in arm_msgs]
+    regen = cache.get("always_regenerate", regen_prompts, lambda: generate_sorted(engine, regen_prompts, params))
+    regen_caps = capture(model, tok, [[*m, {"role": "assistant", "content": t}] for m, t in zip(arm_msgs, regen)],
+                         layers, batch_size=8)
+    regen_scores = guard.score_captures(regen_caps).tolist()
+    flagged = [ds_scores[i] > guard.threshold for i in arm_idx]
+    reprompt = [r if (f and rs < ds_scores[i]) else texts[i]
+                for i, f, r, rs in zip(arm_idx, flagged, regen, regen_scores)]
 
-    def rows(use_corrected: bool):
-        out = []
-        for i in test_idx:
-            s = samples[i]
-            g = iheval.score_response(s, corrected[i]) if (use_corrected and i in corrected) else grades[i]
-            out.append({**g, "_category": s["category"], "_task": s["task"], "_setting": s["setting"],
-                        "_variant": s["variant"], "_id": s["id"]})
-        return out
+    def make_latent():
+        outs = generate_rectified(model, tok, guard, arm_msgs, params, alpha=args.alpha, min_tokens=args.min_tokens,
+                                  batch_size=8, progress=True)
+        return [{"text": o.text, "triggered_at": o.triggered_at} for o in outs]
 
-    no_guard, with_guard = iheval_scores(rows(False)), iheval_scores(rows(True))
-    res["iheval_no_guard"] = no_guard["overall"]
-    res["iheval_guard_correct"] = with_guard["overall"]
-    per_task = {k: {"no_guard": v, "guard_correct": with_guard[k]} for k, v in no_guard.items()}
+    latent_raw = cache.get("latent", [items[i]["prompt"] for i in arm_idx], make_latent)
+    latent = [o["text"] if o["triggered_at"] is not None else texts[i] for i, o in zip(arm_idx, latent_raw)]
+    untriggered_differ = sum(1 for i, o in zip(arm_idx, latent_raw)
+                             if o["triggered_at"] is None and o["text"] != texts[i])
+    arms = {"no_guard": [texts[i] for i in arm_idx], "guard_correct": reprompt, "always_regenerate": regen,
+            "latent_correct": latent}
+    arm_rows = {}
+    for arm, ts in arms.items():
+        rows = []
+        for i, t in zip(arm_idx, ts):
+            s = items[i]["sample"]
+            g = iheval.score_response(s, t) if t != texts[i] else grades[i]
+            rows.append({**g, "_category": s["category"], "_task": s["task"], "_setting": s["setting"],
+                         "_variant": s["variant"], "_id": s["id"]})
+        arm_rows[arm] = rows
 
-    print(f"# detection and correction done at {time.time() - t_start:.0f} s", flush=True)
+    def overall(arm):
+        return lambda idx: iheval_scores([arm_rows[arm][j] for j in idx])["overall"]
 
-    # 5. overhead on the serving path: `llmkit serve` with and without --guard, same prompts, same load
-    lat_idx = sorted(test_idx, key=lambda i: len(prompts[i]))[:: max(1, len(test_idx) // n_lat)][:n_lat]
-    lat = serving_overhead(guard, [msgs[i] for i in lat_idx], max_new, threads)
+    arm_ci, per_task = {}, {}
+    for arm in arms:
+        arm_ci[arm] = E.aggregate_ci(len(arm_idx), overall(arm), n_resamples=args.bootstrap)
+        if arm != "no_guard":
+            arm_ci[f"{arm}_minus_no_guard"] = E.aggregate_ci(len(arm_idx), overall(arm),
+                                                             baseline=overall("no_guard"),
+                                                             n_resamples=args.bootstrap)
+        res[f"iheval_{arm}"] = arm_ci[arm]["value"]
+        for k, v in iheval_scores(arm_rows[arm]).items():
+            per_task.setdefault(k, {})[arm] = v
+    stamp("corrections done")
+
+    # ---- 6. overhead on the serving path --------------------------------------------------------
+    lat_idx = sorted(arm_idx, key=lambda i: len(prompts[i]))[:: max(1, len(arm_idx) // n_lat)][:n_lat]
+    lat_msgs = [items[i]["messages"] for i in lat_idx]
+    lat = serving_overhead(guard, lat_msgs, max_new, threads)
     res["latency_ratio"] = lat.pop("latency_ratio")
     res["cpu_ratio"] = lat.pop("cpu_ratio")
-    # in-process: the guard's whole pass vs its prompt / response parts, on the server's own responses
     t_whole = t_pre = t_resp = 0.0
     max_dev = 0.0
-    for m, text in zip([msgs[i] for i in lat_idx], lat["guard_texts"]):
+    for m, text in zip(lat_msgs, lat["guard_texts"]):
         t0 = time.perf_counter()
         whole = guard.check(engine, m, text)
         t1 = time.perf_counter()
@@ -250,59 +378,87 @@ def main(argv=None) -> int:
         max_dev = max(max_dev, abs(whole["score"] - fast["score"]))
     lat.update(check_whole_s=t_whole, check_prefill_part_s=t_pre, check_response_part_s=t_resp,
                max_score_diff_prefill_vs_whole=max_dev)
-    served_scores_equal = all(abs(a - b) <= 1e-3 for a, b in zip(
-        lat["guard_scores"], [guard.check(engine, m, t)["score"] for m, t in zip([msgs[i] for i in lat_idx],
-                                                                               lat["guard_texts"])]))
-    lat["served_scores_equal_whole_pass"] = served_scores_equal
-    # the served ratio if the prompt part ran hidden beside generation (a free core) and only the
-    # response part were left after it: plain server latency + in-process response part, measured minutes apart
+    lat["served_scores_equal_whole_pass"] = all(abs(a - b) <= 1e-3 for a, b in zip(
+        lat["guard_scores"], [guard.check(engine, m, t)["score"] for m, t in zip(lat_msgs, lat["guard_texts"])]))
     res["latency_ratio_prompt_hidden_est"] = (lat["plain_s"] + t_resp) / lat["plain_s"]
     del lat["guard_texts"], lat["guard_scores"]
+    stamp("overhead measured")
+
+    # ---- report ---------------------------------------------------------------------------------
+    def n_lab(rows, y):
+        return sum(1 for i in rows if labels[i] == y)
 
     counts = {
-        "samples": len(samples), "fit_half": len(fit_idx), "test_half": len(test_idx),
-        "fit_compliant_manifold": len(fit_ok) - n_hold, "fit_compliant_calibration": n_hold,
-        "test_violations": sum(y), "test_compliant": len(y) - sum(y),
-        "aligned_failures_excluded": sum(1 for l in labels if l is None),
-        "test_flagged": len(flagged_test), "latency_requests": len(lat_idx),
-        "latency_tokens_plain": lat["tokens_plain"], "latency_tokens_guard": lat["tokens_guard"],
+        "answers_scored": len(items), "iheval": n_ih, "gsm8k_inject": len(items) - n_ih,
+        "violations": n_lab(range(len(items)), 1), "compliant": n_lab(range(len(items)), 0),
+        "aligned_failures_excluded": sum(1 for y in labels if y is None),
+        "fit_compliant_manifold": len(fit_ok) - n_cal, "fit_compliant_calibration": n_cal,
+        "val_violations": n_lab(val, 1), "val_compliant": n_lab(val, 0),
+        "test_violations": n_lab(test, 1), "test_compliant": n_lab(test, 0),
+        "iheval_test_answers": len(arm_idx), "test_flagged": sum(flagged),
+        "latent_triggered": sum(1 for o in latent_raw if o["triggered_at"] is not None),
+        "latent_untriggered_text_differs": untriggered_differ,
+        "regenerated_answers": len(regen), "latency_requests": len(lat_idx),
     }
+    for ds in ("iheval", "gsm8k_inject"):
+        conf = [i for i, it in enumerate(items) if it["dataset"] == ds and it["setting"] == "conflict"]
+        counts[f"{ds}_conflict_violations"] = n_lab(conf, 1)
+        counts[f"{ds}_conflict_compliant"] = n_lab(conf, 0)
     per_setting_pass = {}
-    for task in tasks:
+    for task in sorted({it["task"] for it in items}):
         for setting in ("aligned", "conflict"):
-            v = [passed[i] for i, s in enumerate(samples) if f"{s['category']}/{s['task']}" == task
-                 and s["setting"] == setting]
+            v = [passed[i] for i, it in enumerate(items) if it["task"] == task and it["setting"] == setting]
             if v:
                 per_setting_pass[f"{task}:{setting}"] = sum(v) / len(v)
 
+    for ds, per in dispersion.items():
+        for est in ("logdet", "knn", "trace"):
+            r = res[f"dispersion_{est}_{ds}"]
+            line = " ".join(f"L{l}:{per[l][est]['ratio']:.2f}" for l in layers)
+            print(f"dispersion {ds:12s} {est:6s} violating/compliant (geo-mean over guard layers): {r:.3f}  [{line}]")
+        tr = [per[l]["trace"] for l in layers]
+        print(f"dispersion {ds:12s} trace 95% CI per guard layer: "
+              + " ".join(f"L{l}:[{t['ci_low']:.2f},{t['ci_high']:.2f}]" for l, t in zip(layers, tr)))
     for name in methods:
-        print(f"detection {name:10s}: AUROC {res[f'auroc_{name}']:.3f}  FPR@95%TPR {res[f'fpr95_{name}']:.3f}")
-    print(f"AEO (setting labels)  : AUROC {res['auroc_aeo_setting']:.3f}")
-    print(f"AEO at threshold      : TPR {res['aeo_tpr_at_threshold']:.3f}  FPR {res['aeo_fpr_at_threshold']:.3f}")
+        ci = auroc_ci[name]
+        extra = "  ".join(f"{ds}: {auroc_ci[name + '_' + ds]['auroc']:.3f}" for ds in ("iheval", "gsm8k_inject"))
+        print(f"detection {name:12s}: AUROC {ci['auroc']:.3f} [{ci['low']:.3f}, {ci['high']:.3f}]  "
+              f"FPR@95%TPR {res[f'fpr95_{name}']:.3f}  ({extra})")
+    print(f"default score by validation AUROC: {default} (energy {val_auroc['energy']:.3f}, entropic "
+          f"{val_auroc['entropic']:.3f} on {len(val)} val answers)")
+    print(f"threshold at target FPR {args.target_fpr:.2f} on {len(val_ok)} val compliant answers: realized FPR "
+          f"{res['realized_fpr']:.3f} on {n_lab(test, 0)} fresh test compliant answers; TPR "
+          f"{res['aeo_tpr_at_threshold']:.3f} on {n_lab(test, 1)} test violations")
+    print(f"AEO ({default}, setting labels): AUROC {res['auroc_aeo_setting']:.3f}")
+    for arm in arms:
+        ci = arm_ci[arm]
+        diff = arm_ci.get(f"{arm}_minus_no_guard")
+        dtxt = f"  vs no correction {diff['value']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}]" if diff else ""
+        print(f"IHEval {arm:18s}: {ci['value']:.3f} [{ci['low']:.3f}, {ci['high']:.3f}]{dtxt}")
     for k, v in per_task.items():
-        print(f"IHEval {k:45s}: no guard {v['no_guard']:.3f}  guard+correct {v['guard_correct']:.3f}")
+        print(f"IHEval {k:45s}: " + "  ".join(f"{a} {v.get(a, float('nan')):.3f}" for a in arms))
     print(f"serving latency, llmkit serve --guard (annotate) / no guard, hf, 1 request at a time: "
           f"{res['latency_ratio']:.3f}  ({lat['guard_s']:.1f} s vs {lat['plain_s']:.1f} s over {len(lat_idx)} requests)")
     print(f"serving CPU seconds, guard / no guard: {res['cpu_ratio']:.3f}  ({lat['cpu_guard_s']:.1f} s vs "
           f"{lat['cpu_plain_s']:.1f} s)")
     print(f"estimated latency ratio if the prompt part were hidden beside generation (plain server + in-process "
           f"response part): {res['latency_ratio_prompt_hidden_est']:.3f}")
-    print(f"guard pass in-process over the same {len(lat_idx)} answers: whole {lat['check_whole_s']:.2f} s, "
-          f"prompt part {lat['check_prefill_part_s']:.2f} s + response part {lat['check_response_part_s']:.2f} s; "
-          f"max |score diff| {lat['max_score_diff_prefill_vs_whole']:.2e}; served scores equal whole pass: "
-          f"{lat['served_scores_equal_whole_pass']}")
     print(f"counts: {json.dumps(counts)}")
 
     RESULTS.mkdir(exist_ok=True)
     out_path = RESULTS / ("guard_quick.json" if args.quick else "guard.json")
-    full = {"figures": res, "iheval_per_task": per_task, "latency": lat, "pass_rate_by_setting": per_setting_pass,
-            "counts": counts, "threshold": guard.threshold, "layers": layers,
-            "config": {"model": DEFAULT_MODEL, "tasks": tasks, "limit": limit, "max_new_tokens": max_new,
-                       "max_prompt_tokens": max_prompt,
-                       "components": args.components, "target_fpr": args.target_fpr, "quick": args.quick},
-            "seconds": round(time.time() - t_start, 1)}
-    out_path.write_text(json.dumps(full, indent=2) + "\n")
-    _plot(out_path.with_suffix(".png"), {k: [v[i] for i in det] for k, v in methods.items()}, y)
+    out = {"figures": res, "auroc_intervals": auroc_ci, "iheval_arm_intervals": arm_ci, "iheval_per_task": per_task,
+           "dispersion_per_layer": {ds: {str(l): v for l, v in per.items()} for ds, per in dispersion.items()},
+           "latency": lat, "pass_rate_by_setting": per_setting_pass, "counts": counts,
+           "threshold": guard.threshold, "layers": layers,
+           "config": {"model": DEFAULT_MODEL, "tasks": tasks, "limit": limit, "gsm8k_questions": n_gsm,
+                      "max_new_tokens": max_new, "max_prompt_tokens": max_prompt, "components": args.components,
+                      "target_fpr": args.target_fpr, "alpha": args.alpha, "min_tokens": args.min_tokens,
+                      "bootstrap": args.bootstrap, "quick": args.quick},
+           "seconds": round(time.time() - t_start, 1)}
+    out_path.write_text(json.dumps(out, indent=2) + "\n")
+    _plot(out_path.with_suffix(".png"), dispersion, layers, {k: [v[i] for i in test] for k, v in methods.items()},
+          y_test, arm_ci, default)
     print(f"results written to {out_path}")
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()}))
     return 0
@@ -410,7 +566,7 @@ def serving_overhead(guard, messages_list, max_tokens: int, threads: int) -> dic
     return out
 
 
-def _plot(path, scores: dict, y):
+def _plot(path, dispersion: dict, guard_layers, scores: dict, y, arm_ci: dict, default: str):
     try:
         import matplotlib
 
@@ -418,24 +574,47 @@ def _plot(path, scores: dict, y):
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    if not y or all(y) or not any(y):
-        return
-    fig, ax = plt.subplots(figsize=(4.5, 4.5))
-    for name, s in scores.items():
-        pairs = sorted(zip(s, y), key=lambda p: -p[0])
-        P, N = sum(y), len(y) - sum(y)
-        tp = fp = 0
-        xs, ys = [0.0], [0.0]
-        for _, lab in pairs:
-            tp, fp = tp + lab, fp + (1 - lab)
-            xs.append(fp / N)
-            ys.append(tp / P)
-        ax.plot(xs, ys, label=name)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    ax = axes[0]
+    for ds, per in dispersion.items():
+        ls = sorted(per)
+        for est, style in (("logdet", "-"), ("knn", ":"), ("trace", "--")):
+            ax.plot(ls, [per[l][est]["ratio"] for l in ls], style, label=f"{ds} {est}")
+    ax.axhline(1.0, color="k", lw=0.8)
+    for l in guard_layers:
+        ax.axvline(l, color="grey", lw=0.5, alpha=0.5)
+    ax.set_yscale("log")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("violating / compliant entropy power per dim")
+    ax.set_title("Asymmetry (conflict answers, task-centred)")
+    if dispersion:
+        ax.legend(fontsize=7)
+    ax = axes[1]
+    if y and any(y) and not all(y):
+        for name, s in scores.items():
+            pairs = sorted(zip(s, y), key=lambda p: -p[0])
+            P, N = sum(y), len(y) - sum(y)
+            tp = fp = 0
+            xs, ys = [0.0], [0.0]
+            for _, lab in pairs:
+                tp, fp = tp + lab, fp + (1 - lab)
+                xs.append(fp / N)
+                ys.append(tp / P)
+            ax.plot(xs, ys, label=name, lw=2 if name in ("aeo", "entropic") else 1)
     ax.plot([0, 1], [0, 1], "k:", lw=0.8)
     ax.set_xlabel("false-positive rate")
     ax.set_ylabel("true-positive rate")
-    ax.set_title("IHEval violation detection (test half)")
-    ax.legend(fontsize=8)
+    ax.set_title("Violation detection (test part)")
+    if y and any(y) and not all(y):
+        ax.legend(fontsize=7)
+    ax = axes[2]
+    arms = [a for a in arm_ci if not a.endswith("_minus_no_guard")]
+    vals = [arm_ci[a]["value"] for a in arms]
+    err = [[v - arm_ci[a]["low"] for a, v in zip(arms, vals)], [arm_ci[a]["high"] - v for a, v in zip(arms, vals)]]
+    ax.bar(range(len(arms)), vals, yerr=err, capsize=4, color="tab:blue")
+    ax.set_xticks(range(len(arms)), [a.replace("_", "\n") for a in arms], fontsize=8)
+    ax.set_ylabel("IHEval score (benchmark averaging), 95% CI")
+    ax.set_title(f"Corrections, IHEval test answers (guard: {default})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
