@@ -23,10 +23,15 @@ Algorithm here
    and their variances, one isotropic variance off the subspace). A held-out part
    of the compliant data calibrates each layer's score (median, MAD) and sets the
    threshold at a target false-positive rate.
-3. Score (:mod:`score`): per layer, the cross-entropy of the response trajectory's
-   empirical distribution against the compliant Gaussian,
+3. Score (:mod:`score`), two kinds (``Guard.fit(score=...)``, saved in guard.json):
+   ``"energy"``: per layer, the cross-entropy of the response trajectory's empirical
+   distribution against the compliant Gaussian,
    ``c_l = mean_t (h_t - mu_l)^T Sigma_l^{-1} (h_t - mu_l) / d`` (= drift of the
-   trajectory's mean + its scatter ``tr(Sigma^{-1} S)``, per dimension); then
+   trajectory's mean + its scatter ``tr(Sigma^{-1} S)``, per dimension);
+   ``"entropic"``: the asymmetric Gaussian KL of the trajectory against the compliant
+   manifold in whitened coordinates (drift plus the entropic price of scatter beyond the
+   compliant spread; tighter-than-compliant trajectories cost nothing: the exact
+   definition is in :mod:`score`). Either way
    ``chaos = mean_l (c_l - median_l) / (1.4826 MAD_l)`` and ``flagged = chaos > threshold``.
 4. Correct (:mod:`correct`): regenerate with a reminder after the last user turn that the
    system instructions take priority (``verbatim=True`` repeats them; the bundled 135M model
@@ -34,6 +39,15 @@ Algorithm here
    default only points back to them); optionally (transformers engine) pull the guard
    layers' states a fraction ``alpha`` toward the compliant mean. Given the flagged
    ``original``, the correction is kept only when its chaos score is lower.
+5. Latent rectification (:mod:`rectify`, transformers models): the guard scores each row's
+   trajectory while it is generated; once the score crosses the threshold, a fixed shift
+   toward the compliant mean is added at the guard layers and generation continues (no
+   second prompt, no second generation).
+
+Measurement (:mod:`dispersion`, :mod:`evaluation`, :mod:`injection`): the asymmetry itself
+(violating vs compliant dispersion of response centroids per layer), AUROC and aggregate
+bootstrap intervals, and a GSM8K secret-word injection set beside IHEval; ``bench/guard.py``
+reports them.
 
 Deviations from the paper (only the abstract is available)
 ----------------------------------------------------------
