@@ -30,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CELLS = ("mezo", "qzo_int4", "lqzo_int4", "qzo_int2", "lqzo_int2", "qlora_nf4")
+# other pieces --only can name: the untrained metrics per precision, the memory / step-time probes
+PIECES = ("fp", "int4", "int2", "probes")
 
 
 def _floats(text: str) -> list[float]:
@@ -44,41 +46,44 @@ def _floats(text: str) -> list[float]:
 
 def _cells(text: str) -> list[str]:
     names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [n for n in names if n not in CELLS]
+    bad = [n for n in names if n not in CELLS + PIECES]
     if bad:
-        raise argparse.ArgumentTypeError(f"unknown cell(s) {', '.join(bad)}; choose from {', '.join(CELLS)}")
+        raise argparse.ArgumentTypeError(f"unknown cell(s) {', '.join(bad)}; choose from {', '.join(CELLS + PIECES)}")
     return names
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--steps", type=int, default=None, help="ZO steps per run (quick 50, full 200)")
+    ap.add_argument("--steps", type=int, default=None, help="ZO steps per run (quick 40, full 200)")
     ap.add_argument("--lr-sweep", type=_floats, default=None,
                     help="comma-separated ZO step sizes for the scales (relative), swept per method and bit-width "
-                         "(default 5e-4,2e-3,8e-3)")
+                         "(quick 1e-3,4e-3; full 5e-4,2e-3,8e-3)")
     ap.add_argument("--mezo-lr-sweep", type=_floats, default=None,
-                    help="comma-separated MeZO step sizes (raw weights; default 3e-7,1e-6,3e-6)")
-    ap.add_argument("--seeds", type=int, default=None, help="seeds per run at the chosen lr (quick 2, full 3)")
+                    help="comma-separated MeZO step sizes (raw weights; quick 5e-7,2e-6; full 3e-7,1e-6,3e-6)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per run at the chosen lr (quick 1, full 3)")
     ap.add_argument("--clip", type=float, default=None, help="clip each projected derivative to [-c, c] (all methods)")
     ap.add_argument("--qlora-lr", type=float, default=2e-4)
-    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=None, help="training batch (quick 2, full 4)")
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--only", type=_cells, default=None,
-                    help=f"train only these cells now (comma-separated from {', '.join(CELLS)}); the rest must be "
-                         "saved parts, else the summary is not written")
+                    help=f"run only these pieces now (comma-separated from {', '.join(CELLS + PIECES)}: fp/int4/int2 are "
+                         "the untrained metrics, probes the memory/time probes); the rest must be saved parts, "
+                         "else the summary is not written")
     ap.add_argument("--fresh", action="store_true", help="ignore saved parts")
     ap.add_argument("--skip-qlora", action="store_true", help="leave out the QLoRA training run (its memory probe stays)")
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "llmkit-lqzo-bench"))
     args = ap.parse_args()
-    steps = args.steps or (50 if args.quick else 200)
-    lrs = args.lr_sweep or [5e-4, 2e-3, 8e-3]
-    mezo_lrs = args.mezo_lr_sweep or [3e-7, 1e-6, 3e-6]
-    n_seeds = args.seeds or (2 if args.quick else 3)
-    if steps < 1 or n_seeds < 1:
-        ap.error("--steps and --seeds must be >= 1")
-    n_val, n_test, n_acc, n_train = (12, 24, 48, 400) if args.quick else (32, 64, 200, 1000)
+    # --quick is sized for 2 shared CPU cores (a ZO step there is ~3 CPU-s at batch 2); the full run for a GPU
+    steps = args.steps or (40 if args.quick else 200)
+    lrs = args.lr_sweep or ([1e-3, 4e-3] if args.quick else [5e-4, 2e-3, 8e-3])
+    mezo_lrs = args.mezo_lr_sweep or ([5e-7, 2e-6] if args.quick else [3e-7, 1e-6, 3e-6])
+    n_seeds = args.seeds or (1 if args.quick else 3)
+    args.batch = args.batch or (2 if args.quick else 4)
+    if steps < 1 or n_seeds < 1 or args.batch < 1:
+        ap.error("--steps, --seeds and --batch must be >= 1")
+    n_val, n_test, n_acc, n_train = (8, 12, 24, 400) if args.quick else (32, 64, 200, 1000)
 
     import torch
 
@@ -163,11 +168,26 @@ def main() -> int:
         return save_part("qlora_nf4", {"before": b, "after": test_fn(model, tok), "lr": args.qlora_lr,
                                        "train_loss": [r["loss"] for r in hist], "wall_s": time.perf_counter() - t0})
 
+    def probes():  # memory and step time, one fresh process per probe
+        probe_config = {k: config[k] for k in ("model", "batch", "max_length", "group_size")}
+        f = parts / "probes.json"
+        if not args.fresh and f.is_file() and json.loads(f.read_text()).get("config") == probe_config:
+            return json.loads(f.read_text())["memory"]
+        kw = {"bits": 4, "group_size": args.group_size, "batch_size": args.batch, "max_length": args.max_length,
+              "cache_dir": args.cache, "reps": 3 if args.quick else 7}
+        memory = {"inference_int4": B.run_probe("inference", **kw), "lqzo_step_int4": B.run_probe("lqzo", **kw)}
+        try:
+            memory["qlora_step_nf4"] = B.run_probe("qlora", batch_size=args.batch, max_length=args.max_length)
+        except RuntimeError as e:
+            memory["qlora_step_nf4"] = {"error": str(e)[-500:]}
+        f.write_text(json.dumps({"config": probe_config, "memory": memory}, indent=1) + "\n")
+        return memory
+
     res: dict = {"model": B.MODEL, "quick": args.quick, "zo_steps": steps, "forward_passes_per_method": fwd,
                  "config": config, "accuracy_task": "sentiment", "runs": {}}
     todo = args.only if args.only is not None else [c for c in CELLS if not (c == "qlora_nf4" and args.skip_qlora)]
     # the untrained metrics this invocation needs (all of them when it writes the summary)
-    need = {int(c[-1]) if "_int" in c else 0 for c in (todo if args.only is not None else CELLS)}
+    need = {0, 4, 2} if args.only is None else {b for b, n in ((0, "fp"), (4, "int4"), (2, "int2")) if n in todo}
     for bits in (0, 4, 2):
         if bits in need:
             res[f"int{bits}_before" if bits else "full_precision"] = before(bits)
@@ -192,7 +212,9 @@ def main() -> int:
                       f"{part['before']['eval_loss']:.4f} -> {part['after']['eval_loss']:.4f}, accuracy "
                       f"{part['before']['accuracy']:.3f} -> {part['after']['accuracy']:.3f}", flush=True)
             continue
-        b = res["full_precision"] if name == "mezo" else res[f"int{name[-1]}_before"]
+        key, piece = ("full_precision", "before_fp") if name == "mezo" else (f"int{name[-1]}_before",
+                                                                              f"before_int{name[-1]}")
+        b = res.get(key) or load_part(piece) or {"test": {"eval_loss": float("nan"), "accuracy": float("nan")}}
         loss, acc = B.seed_stats(part["runs"], "eval_loss"), B.seed_stats(part["runs"], "accuracy")
         sweep = ", ".join(f"{e['lr']:g}: {e['val_loss']:.4f}" if e["val_loss"] is not None else f"{e['lr']:g}: diverged"
                           for e in part["sweep"])
@@ -202,6 +224,8 @@ def main() -> int:
               f"{b['test']['accuracy']:.3f} -> {acc['mean']:.3f} +- {acc['std']:.3f} ({len(part['runs'])} seeds, "
               f"{fwd} forward passes each)", flush=True)
         part["test_loss"], part["test_accuracy"] = loss, acc
+    if args.only is not None and "probes" in todo:
+        probes()
     missing = [c for c in CELLS if c not in res["runs"] and not (c == "qlora_nf4" and args.skip_qlora)]
     if args.skip_qlora and "qlora_nf4" not in res["runs"]:
         res["runs"]["qlora_nf4"] = {"skipped": "--skip-qlora"}
@@ -209,18 +233,10 @@ def main() -> int:
         print(f"saved parts in {parts}; still missing: {', '.join(missing)} (summary not written)", flush=True)
         return 0
 
-    # memory and step time, one fresh process per probe
-    kw = {"bits": 4, "group_size": args.group_size, "batch_size": args.batch, "max_length": args.max_length,
-          "cache_dir": args.cache}
-    inf = B.run_probe("inference", **kw)
-    lq = B.run_probe("lqzo", **kw)
-    res["memory"] = {"inference_int4": inf, "lqzo_step_int4": lq}
-    try:
-        ql = B.run_probe("qlora", batch_size=args.batch, max_length=args.max_length)
-        res["memory"]["qlora_step_nf4"] = ql
-    except RuntimeError as e:
-        ql = None
-        res["memory"]["qlora_step_nf4"] = {"error": str(e)[-500:]}
+    memory = probes()
+    inf, lq = memory["inference_int4"], memory["lqzo_step_int4"]
+    ql = memory["qlora_step_nf4"] if "peak_bytes" in memory["qlora_step_nf4"] else None
+    res["memory"] = memory
     mem_ratio = lq["peak_bytes"] / inf["peak_bytes"]
     time_ratio = lq["step_s"] / lq["two_forward_s"]
     print(f"peak memory: inference {inf['peak_bytes'] / 2**20:.0f} MiB, LQZO step {lq['peak_bytes'] / 2**20:.0f} MiB"
