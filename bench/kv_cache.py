@@ -28,6 +28,19 @@ Figures (each measured against its anchor in the same run):
   into a fresh layer (InQuant includes its saliency sampling and descriptor build) and
   dequantized once; PyTorch CPU path; ratio outlier-buffer time / InQuant time.
 - decode tokens/s with each cache vs the unquantized cache (``generate``, greedy).
+- InQuant arms (issue 23): the model is calibrated once on GSM8K *train* texts (disjoint from the
+  few-shot exemplars and test problems; ``llmkit.serving.kv_cache.calibrate``, saved beside the
+  model as ``inquant_calibration.safetensors`` and reused). For each key/value layout (per-channel
+  groups of ``--group-size`` tokens; per-token groups, no full-precision window) and each gate
+  (``none``: no outliers; ``off``: every candidate pair; ``ratio``: the first pass's gate;
+  ``score``: the per-head attention-score gate): pairs used, GSM8K-solution perplexity, long-context
+  perplexity (``--long-ctx`` tokens of concatenated MATH-500 problems+solutions read back from
+  the cache, the next ``--long-tgt`` tokens scored) and bytes per token.
+- quantize+dequantize with outliers active: InQuant (gate off, every head keeps ``n_outliers``
+  8-bit channels, i.e. ``n_outliers/head_dim`` of the entries) vs the outlier buffer given the
+  same fraction of entries as outliers; and the score gate's count vs a matched buffer.
+- capacity: sequences of ``--cap-len`` tokens that fit ``--cap-gib`` GiB of KV cache, from the
+  bytes each cache holds per token (per-channel layouts charged a full window at bf16), vs bf16.
 """
 
 from __future__ import annotations
@@ -48,10 +61,30 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from llmkit.models import load
-from llmkit.serving.kv_cache import CACHES
+from llmkit.serving.kv_cache import (
+    CACHES,
+    InQuantCache,
+    InQuantCalibration,
+    calibrate,
+    default_calibration_path,
+)
+from llmkit.serving.kv_cache import evaluate as kve
 
 DATA = ROOT.parent / "shared" / "data" / "gsm8k"
+MATH500 = ROOT.parent / "shared" / "data" / "math500" / "test.jsonl"
 METHODS = ["inquant", "kivi", "outlier-buffer"]
+LAYOUTS = ("per-channel", "per-token")
+GATES = ("none", "off", "ratio", "score")
+DEFAULT_ARM = "inquant/per-token/score"  # what "inquant" means in this bench's headline figures
+CALIBRATION: InQuantCalibration | None = None  # set in main() once calibrated
+
+
+def arm_cache(arm: str, model, group_size: int):
+    """``inquant/<layout>/<gate>``: an InQuant cache using the bench's calibration."""
+    _, layout, gate = arm.split("/")
+    if gate == "none":
+        return InQuantCache(model.config, group_size=group_size, layout=layout, n_outliers=0)
+    return InQuantCache(model.config, group_size=group_size, layout=layout, gate=gate, calibration=CALIBRATION)
 
 
 def read_jsonl(path: Path, n: int | None = None) -> list[dict]:
@@ -74,6 +107,10 @@ def make_cache(name, model, group_size):
         from transformers import QuantizedCache
 
         return QuantizedCache("quanto", model.config, nbits=4)
+    if name == "inquant" and CALIBRATION is not None:
+        return arm_cache(DEFAULT_ARM, model, group_size)
+    if name.startswith("inquant/"):
+        return arm_cache(name, model, group_size)
     return None if name == "bf16" else CACHES[name](model.config, group_size=group_size)
 
 
@@ -102,42 +139,34 @@ def compression(model, tok, text: str, length: int, group_size: int) -> dict:
 # ------------------------------------------------------------------------------ perplexity
 
 
-@torch.inference_mode()
-def perplexity(model, tok, items, context_prefix: str, group_size: int, names, shared_prefill: bool = True) -> dict:
-    """Teacher-forced NLL of each reference solution after a context read back from each cache.
-
-    ``shared_prefill``: the context's keys/values and its last logits do not depend on the cache
-    (a forward pass attends to its own tokens unquantized and ``update`` returns them as given),
-    so the context is run once through an unquantized cache and its per-layer keys/values are
-    written into each cache with ``cache.update`` -- the same calls the model's own prefill makes.
-    ``False`` runs the prefill through every cache (same result, ~len(names) times the cost)."""
-    from transformers import DynamicCache
-
+def perplexity(model, tok, items, context_prefix: str, group_size: int, names) -> dict:
+    """Teacher-forced NLL of each reference solution after its context (few-shot exemplars +
+    question) read back from each cache (``kv_cache.evaluate.nll_through_caches``)."""
     nll = {n: 0.0 for n in names}
     count = 0
+    makers = {n: (None if n == "bf16" else (lambda n=n: make_cache(n, model, group_size))) for n in names}
     for it in tqdm(items, desc="perplexity", unit="problem"):
         ctx = tok(context_prefix + f"Question: {it['question']}\nAnswer:", return_tensors="pt").input_ids
         tgt = tok(" " + it["answer"], return_tensors="pt", add_special_tokens=False).input_ids
         count += tgt.shape[1]
-        if shared_prefill:
-            ref = DynamicCache(config=model.config)
-            first = model(ctx, past_key_values=ref, use_cache=True).logits[:, -1:]
-            kv = [(layer.keys, layer.values) for layer in ref.layers]
-        for name in names:
-            cache = make_cache(name, model, group_size)
-            if cache is None:
-                cache = DynamicCache(config=model.config)
-            if shared_prefill:
-                for i, (k, v) in enumerate(kv):
-                    cache.update(k, v, i)
-            else:
-                first = model(ctx, past_key_values=cache, use_cache=True).logits[:, -1:]
-            if hasattr(cache, "flush"):
-                cache.flush()
-            rest = model(tgt, past_key_values=cache, use_cache=True).logits[:, :-1]
-            logits = torch.cat([first, rest], dim=1).float()
-            nll[name] += torch.nn.functional.cross_entropy(logits[0], tgt[0], reduction="sum").item()
+        for n, (v, _) in kve.nll_through_caches(model, ctx, tgt, makers).items():
+            nll[n] += v
     return {n: math.exp(v / count) for n, v in nll.items()} | {"tokens": count}
+
+
+def long_perplexity(model, tok, names, group_size: int, ctx_len: int, tgt_len: int, windows: int) -> dict:
+    """Perplexity of ``tgt_len`` tokens after ``ctx_len`` tokens of MATH-500 text read from each
+    cache, over ``windows`` texts (MATH-500 rows 0, 50, 100, ...)."""
+    nll = {n: 0.0 for n in names}
+    count = 0
+    makers = {n: (None if n == "bf16" else (lambda n=n: make_cache(n, model, group_size))) for n in names}
+    for w in tqdm(range(windows), desc="long-context perplexity", unit="text"):
+        text = kve.long_context_text(MATH500, tok, ctx_len + tgt_len + 16, start=50 * w)
+        ids = tok(text, return_tensors="pt").input_ids[:, :ctx_len + tgt_len]
+        for n, (v, c) in kve.nll_through_caches(model, ids[:, :ctx_len], ids[:, ctx_len:], makers).items():
+            nll[n] += v
+        count += tgt_len
+    return {n: math.exp(v / count) for n, v in nll.items()} | {"tokens": count, "ctx_len": ctx_len, "windows": windows}
 
 
 # ------------------------------------------------------------------------------ accuracy
@@ -231,15 +260,30 @@ def quant_speed(model, tok, text: str, length: int, group_size: int, reps: int) 
     model(ids, past_key_values=ref, use_cache=True)
     kv = [(layer.keys.clone(), layer.values.clone()) for layer in ref.layers]
     T = kv[0][0].shape[-2]
-    makers = {"inquant": lambda: InQuantLayer(group_size, backend="torch"),
-              "kivi": lambda: KIVILayer(group_size),
-              "outlier-buffer": lambda: OutlierBufferLayer(group_size)}
+    outlier_frac: dict[str, float] = {}
+    makers = {"inquant": lambda i: InQuantLayer(group_size, backend="torch"),
+              "kivi": lambda i: KIVILayer(group_size),
+              "outlier-buffer": lambda i: OutlierBufferLayer(group_size)}
+    if CALIBRATION is not None:
+        # outliers active: calibrated descriptors (built before timing, as a server holds them),
+        # and the outlier buffer given the same fraction of entries as outliers
+        D = kv[0][0].shape[-1]
+        n_out = 4
+        for gate in ("off", "score"):
+            descs = [(CALIBRATION.descriptor(i, "k", n_out, 8, gate, "per-channel", group_size),
+                      CALIBRATION.descriptor(i, "v", n_out, 8, gate, "per-channel", group_size)) for i in range(len(kv))]
+            frac = sum(int(d.pairs_per_head.sum()) for pair in descs for d in pair) / (2 * len(kv) * kv[0][0].shape[1] * D)
+            makers[f"inquant/per-channel/{gate}"] = (
+                lambda i, gate=gate: InQuantLayer(group_size, n_out, backend="torch", gate=gate,
+                                                  calibration=CALIBRATION, layer_idx=i))
+            makers[f"outlier-buffer@{gate}"] = lambda i, frac=frac: OutlierBufferLayer(group_size, max(frac, 1e-9))
+            outlier_frac[gate] = frac
     best = {}
     for rep in range(reps + 1):  # the first round warms up
         for name, make in makers.items():
             t0 = time.perf_counter()
-            for k, v in kv:
-                layer = make()
+            for i, (k, v) in enumerate(kv):
+                layer = make(i)
                 layer.lazy_initialization(k, v)
                 layer._append(k, v, group_size)
                 layer._dequantize("k")
@@ -247,7 +291,7 @@ def quant_speed(model, tok, text: str, length: int, group_size: int, reps: int) 
             dt = time.perf_counter() - t0
             if rep:
                 best[name] = min(best.get(name, math.inf), dt)
-    return {n: 1e6 * t / T for n, t in best.items()}  # microseconds per token (all layers, K+V)
+    return {n: 1e6 * t / T for n, t in best.items()} | {"outlier_frac": outlier_frac}  # us/token (all layers, K+V)
 
 
 @torch.inference_mode()
@@ -285,8 +329,9 @@ def report(res: dict) -> dict:
                   f"{'+outlier buffer' if n == 'outlier-buffer' else ''}) {c[n]['total']:.3f}x vs bf16 "
                   f"at {res['compress_len']} tokens")
         pairs = res["inquant_outlier_pairs"]
-        print(f"inquant slot reuse: {pairs['k']} key and {pairs['v']} value (outlier, donor) pairs kept per kv-head "
-              f"over all layers, of {pairs['possible']} possible (the rest did not pay, see inquant.py)")
+        print(f"inquant slot reuse ({DEFAULT_ARM if res.get('calibration') else 'inquant defaults'}): {pairs['k']} key "
+              f"and {pairs['v']} value (outlier, donor) pairs used, summed over layers and kv-heads, of "
+              f"{pairs['possible']} possible")
         figs["compression_packed"] = round(c["inquant"]["packed"], 4)
         figs["compression_total"] = round(c["inquant"]["total"], 4)
     if "perplexity" in res:
@@ -305,6 +350,38 @@ def report(res: dict) -> dict:
             print(f"quantize+dequantize {n}: {s[n]:.1f} us/token (all layers, K+V, PyTorch CPU)")
         figs["speedup_vs_outlier_buffer"] = round(s["outlier-buffer"] / s["inquant"], 3)
         print(f"quantize+dequantize speedup InQuant vs outlier-buffer: {figs['speedup_vs_outlier_buffer']:.2f}x")
+        for gate, frac in s.get("outlier_frac", {}).items():
+            a, b = s[f"inquant/per-channel/{gate}"], s[f"outlier-buffer@{gate}"]
+            print(f"quantize+dequantize with outliers (per-channel, gate {gate}, {100 * frac:.2f}% of entries 8-bit "
+                  f"in InQuant and in the buffer): InQuant {a:.1f} us/token, outlier-buffer {b:.1f} us/token, "
+                  f"speedup {b / a:.2f}x")
+            if gate == "off":
+                figs["speedup_vs_outlier_buffer_with_outliers"] = round(b / a, 3)
+            else:
+                figs[f"speedup_vs_outlier_buffer_with_outliers_{gate}"] = round(b / a, 3)
+    if "arms" in res:
+        arms = res["arms"]
+        pb, lb = arms["ppl"]["bf16"], arms["long_ppl"]["bf16"]
+        print(f"arms: perplexity bf16 {pb:.4f} on {arms['ppl']['tokens']} GSM8K solution tokens; long-context bf16 "
+              f"{lb:.4f} on {arms['long_ppl']['tokens']} tokens after {arms['long_ppl']['ctx_len']} tokens of "
+              f"concatenated MATH-500 problems+solutions read from the cache ({arms['long_ppl']['windows']} text(s))")
+        for arm, a in arms["per_arm"].items():
+            print(f"arm {arm}: pairs used {a['pairs']}/{a['possible']} ({100 * a['pairs_frac']:.1f}%), "
+                  f"ppl ratio vs bf16 GSM8K {arms['ppl'][arm] / pb:.4f}, long-context {arms['long_ppl'][arm] / lb:.4f}, "
+                  f"{a['bytes_per_token']:.0f} bytes/token held (bf16 {arms['bf16_bytes_per_token']})")
+        d = arms["per_arm"][DEFAULT_ARM]
+        figs["inquant_pairs_used_frac"] = round(d["pairs_frac"], 4)
+        figs["ppl_ratio_inquant_per_token_keys"] = round(arms["ppl"]["inquant/per-token/score"] / pb, 4)
+        figs["ppl_ratio_inquant_per_token_keys_no_outliers"] = round(arms["ppl"]["inquant/per-token/none"] / pb, 4)
+        figs["long_ppl_ratio_inquant_per_token_keys"] = round(arms["long_ppl"]["inquant/per-token/score"] / lb, 4)
+        figs["long_ppl_ratio_inquant_per_token_keys_no_outliers"] = round(arms["long_ppl"]["inquant/per-token/none"] / lb, 4)
+    if "capacity" in res:
+        c = res["capacity"]
+        for n, v in c["sequences"].items():
+            print(f"capacity {n}: {v} sequences of {c['seq_len']} tokens in {c['budget_gib']} GiB of KV cache "
+                  f"({c['bytes_per_token'][n]:.0f} bytes/token{', window at its fullest' if c['window'].get(n) else ''})")
+        figs["capacity_ratio_vs_bf16"] = round(c["sequences"]["inquant"] / c["sequences"]["bf16"], 3)
+        print(f"capacity InQuant ({DEFAULT_ARM}) / bf16: {figs['capacity_ratio_vs_bf16']:.3f}x")
     if "decode_tokens_per_s" in res:
         d = res["decode_tokens_per_s"]
         for n in ["bf16", *METHODS]:
@@ -370,7 +447,14 @@ def main(argv=None) -> int:
                     help="stop the accuracy run before a batch that would end after this many minutes")
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--compress-len", type=int, default=512)
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: ppl,acc,speed,decode")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: ppl,acc,speed,decode,arms,capacity")
+    ap.add_argument("--calib-texts", type=int, default=None, help="GSM8K train texts (4 exemplars each) to calibrate on")
+    ap.add_argument("--recalibrate", action="store_true", help="calibrate even if a calibration file exists")
+    ap.add_argument("--long-ctx", type=int, default=2048, help="long-context tokens read back from the cache")
+    ap.add_argument("--long-tgt", type=int, default=256, help="tokens scored after the long context")
+    ap.add_argument("--long-windows", type=int, default=None, help="long-context texts (default 1 quick, 4 full)")
+    ap.add_argument("--cap-len", type=int, default=2048, help="sequence length of the capacity figure")
+    ap.add_argument("--cap-gib", type=float, default=8.0, help="KV budget (GiB) of the capacity figure")
     args = ap.parse_args(argv)
     q = args.quick
     if args.merge:
@@ -385,7 +469,7 @@ def main(argv=None) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
-    ppl_n = args.ppl_n or (3 if q else 100)
+    ppl_n = args.ppl_n or (8 if q else 100)
     acc_n = args.acc_n or (6 if q else 200)
     max_new = args.max_new_tokens or (96 if q else 320)
     acc_names = (args.acc_names or ("bf16,inquant,kivi" if q else "bf16,inquant")).split(",")
@@ -412,11 +496,59 @@ def main(argv=None) -> int:
         out = PARTS / f"acc_{args.acc_start:04d}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
 
+    global CALIBRATION
+    cal_path = default_calibration_path(model)
+    n_cal = args.calib_texts or (4 if q else 16)
+    if cal_path.exists() and not args.recalibrate and InQuantCalibration.load(cal_path).meta.get("texts") == n_cal:
+        CALIBRATION = InQuantCalibration.load(cal_path)
+        res["calibration"] = {"path": str(cal_path), "reused": True, **CALIBRATION.meta}
+    else:
+        # GSM8K train rows 100.. (the few-shot exemplars are rows 0..11), 4 exemplars per text
+        texts = [fewshot_context(train[100 + 4 * i:], 4) for i in range(n_cal)]
+        t0 = time.perf_counter()
+        CALIBRATION = calibrate(model, texts, tok, max_len=512, sample_tokens=512)
+        CALIBRATION.save(cal_path)
+        res["calibration"] = {"path": str(cal_path), "reused": False, "seconds": time.perf_counter() - t0,
+                              **CALIBRATION.meta}
+    print(f"InQuant calibration: {res['calibration']['texts']} GSM8K train texts, {res['calibration']['tokens']} "
+          f"tokens ({'reused' if res['calibration']['reused'] else 'made'}: {cal_path})")
+
+    if "arms" not in skip:
+        arms = [f"inquant/{lay}/{g}" for lay in LAYOUTS for g in GATES]
+        long_ids = tok(kve.long_context_text(MATH500, tok, args.long_ctx + 16), return_tensors="pt").input_ids
+        per_arm = {}
+        for arm in arms:
+            probe = arm_cache(arm, model, args.group_size)
+            with torch.inference_mode():
+                model(long_ids[:, :args.long_ctx], past_key_values=probe, use_cache=True)
+            pr = probe.outlier_pairs()
+            nb = probe.nbytes()
+            per_arm[arm] = {"pairs": pr["k"] + pr["v"], "pairs_k": pr["k"], "pairs_v": pr["v"],
+                            "possible": pr["possible"] or 1, "pairs_frac": (pr["k"] + pr["v"]) / (pr["possible"] or 1),
+                            "bytes": nb, "bytes_per_token": nb["total"] / args.long_ctx}
+        res["arms"] = {
+            "per_arm": per_arm, "bf16_bytes_per_token": kve.bf16_bytes_per_token(model.config),
+            "ppl": perplexity(model, tok, test[:ppl_n], prefix, args.group_size, ["bf16", *arms]),
+            "long_ppl": long_perplexity(model, tok, ["bf16", *arms], args.group_size, args.long_ctx, args.long_tgt,
+                                        args.long_windows or (1 if q else 4)),
+        }
+        out.write_text(json.dumps(res, indent=2))
+
+    if "capacity" not in skip:
+        ids = tok(kve.long_context_text(MATH500, tok, args.cap_len + 16), return_tensors="pt").input_ids[:, :args.cap_len]
+        bpt, window = {"bf16": float(kve.bf16_bytes_per_token(model.config))}, {}
+        for name in ["inquant", "inquant/per-channel/score", "kivi", "outlier-buffer"]:
+            b = kve.bytes_per_token(model, lambda name=name: make_cache(name, model, args.group_size), ids)
+            bpt[name], window[name] = b["worst"], b["worst"] > b["held"]
+        budget = int(args.cap_gib * 2**30)
+        res["capacity"] = {"seq_len": args.cap_len, "budget_gib": args.cap_gib, "bytes_per_token": bpt,
+                           "window": window,
+                           "sequences": {n: kve.capacity(b, budget, args.cap_len) for n, b in bpt.items()}}
+
     if "compression" not in skip:
         res["compression"] = compression(model, tok, long_text, args.compress_len, args.group_size)
-        from llmkit.serving.kv_cache import InQuantCache
 
-        probe = InQuantCache(model.config)
+        probe = make_cache("inquant", model, args.group_size)
         with torch.inference_mode():
             model(tok(long_text, return_tensors="pt").input_ids[:, :args.compress_len], past_key_values=probe)
         res["inquant_outlier_pairs"] = probe.outlier_pairs()

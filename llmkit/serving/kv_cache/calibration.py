@@ -20,7 +20,7 @@ variant: run the model once over a few calibration texts and keep, per layer and
 
 Descriptors for any (gate, layout, n_outliers) are derived from these on demand and cached; the
 file is a safetensors file, by default beside the model's own files
-(``<model folder>/inquant_calibration.safetensors``) or under ``$LLMKIT_HOME/kv_calibration/``
+(``<model folder>/kv_cache/inquant_calibration.safetensors``) or under ``$LLMKIT_HOME/kv_calibration/``
 for hub ids. Deviation: queries are captured through a registered attention function that
 records them and runs SDPA, so the model must use transformers' attention interface (all
 current decoder families do).
@@ -45,8 +45,8 @@ def default_calibration_path(model) -> Path:
     from llmkit.models import llmkit_home
 
     name = getattr(model.config, "_name_or_path", "") or "model"
-    if Path(name).is_dir():
-        return Path(name) / FILENAME
+    if Path(name).is_dir():  # a subfolder: the model folder's own *.safetensors glob must not see it
+        return Path(name) / "kv_cache" / FILENAME
     return llmkit_home() / "kv_calibration" / (re.sub(r"[^A-Za-z0-9_.-]+", "--", name) + ".safetensors")
 
 

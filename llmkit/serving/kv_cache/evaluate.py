@@ -1,0 +1,99 @@
+"""Measuring KV caches: teacher-forced perplexity through a cache, long-context text, capacity.
+
+Used by ``bench/kv_cache.py`` (and tested on tiny models):
+
+- :func:`nll_through_caches`: a context is prefilled once (unquantized), its per-layer keys and
+  values are written into each cache with ``cache.update`` (the calls the model's own prefill
+  makes) and ``flush()``-ed, so every context token is read back from the cache's store; the
+  target is then scored in one forward pass reading that past. Returns summed NLL and token count.
+- :func:`long_context_text`: a text of at least ``min_tokens`` tokens built by concatenating
+  MATH-500 problems and reference solutions (another domain than the GSM8K calibration texts).
+- :func:`bytes_per_token` and :func:`capacity`: how many concurrent sequences of a given length
+  fit a fixed KV budget, from the bytes a cache actually holds after a prefill (plus, for caches
+  with a full-precision window, the window at its fullest, so the figure holds at any length).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+
+@torch.inference_mode()
+def nll_through_caches(model, ctx_ids: torch.Tensor, tgt_ids: torch.Tensor,
+                       makers: dict[str, Callable | None]) -> dict[str, tuple[float, int]]:
+    """Summed NLL of ``tgt_ids [1, n]`` after ``ctx_ids [1, m]`` read back from each cache
+    (``makers[name]() -> Cache``; ``None`` = transformers' unquantized ``DynamicCache``)."""
+    from transformers import DynamicCache
+
+    if ctx_ids.dim() != 2 or tgt_ids.dim() != 2 or ctx_ids.shape[0] != 1 or tgt_ids.shape[0] != 1:
+        raise ValueError(f"ctx_ids and tgt_ids must be [1, n], got {tuple(ctx_ids.shape)} and {tuple(tgt_ids.shape)}")
+    ref = DynamicCache(config=model.config)
+    first = model(ctx_ids, past_key_values=ref, use_cache=True).logits[:, -1:]
+    kv = [(layer.keys, layer.values) for layer in ref.layers]
+    out = {}
+    for name, make in makers.items():
+        cache = DynamicCache(config=model.config) if make is None else make()
+        for i, (k, v) in enumerate(kv):
+            cache.update(k, v, i)
+        if hasattr(cache, "flush"):
+            cache.flush()
+        rest = model(tgt_ids, past_key_values=cache, use_cache=True).logits[:, :-1]
+        logits = torch.cat([first, rest], dim=1).float()
+        nll = torch.nn.functional.cross_entropy(logits[0], tgt_ids[0], reduction="sum").item()
+        out[name] = (nll, tgt_ids.shape[1])
+    return out
+
+
+def long_context_text(math500_jsonl: str | Path, tokenizer, min_tokens: int = 2304, start: int = 0) -> str:
+    """Concatenated ``Problem: ...\\nSolution: ...`` entries of MATH-500 from ``start`` until the
+    text has at least ``min_tokens`` tokens."""
+    path = Path(math500_jsonl)
+    if not path.is_file():
+        raise FileNotFoundError(f"MATH-500 file not found: {path}")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    parts, n = [], 0
+    for r in rows[start:]:
+        part = f"Problem: {r['problem']}\nSolution: {r['solution']}\n\n"
+        parts.append(part)
+        n += len(tokenizer(part, add_special_tokens=False).input_ids)
+        if n >= min_tokens:
+            return "".join(parts)
+    raise ValueError(f"MATH-500 from row {start} gives only {n} tokens, fewer than {min_tokens}")
+
+
+def bf16_bytes_per_token(config) -> int:
+    """Bytes a bf16 cache holds per token: K and V, 2 bytes each, every layer and kv-head."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return 2 * 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim
+
+
+@torch.inference_mode()
+def bytes_per_token(model, make_cache: Callable, ids: torch.Tensor) -> dict[str, float]:
+    """Prefill ``ids [1, L]`` into ``make_cache()`` and report bytes per token: ``held`` (what the
+    cache holds now, all kinds) and ``worst`` (``held`` with a full-precision window at its
+    fullest, ``group_size - 1`` tokens at 2 bytes per element, amortised over ``L``)."""
+    cache = make_cache()
+    model(ids, past_key_values=cache, use_cache=True)
+    L = ids.shape[1]
+    nb = cache.nbytes()
+    held = (nb["total"] - nb.get("window", 0)) / L
+    window_tokens = 0
+    for layer in cache.layers:
+        g = getattr(layer, "group_size", 1)
+        window_tokens = max(window_tokens, g - 1)
+    worst = held + window_tokens * bf16_bytes_per_token(model.config) / L
+    return {"held": held, "worst": worst, "tokens": L}
+
+
+def capacity(bytes_per_tok: float, budget_bytes: int, seq_len: int) -> int:
+    """Concurrent sequences of ``seq_len`` tokens that fit ``budget_bytes`` of KV cache."""
+    if bytes_per_tok <= 0 or seq_len <= 0 or budget_bytes <= 0:
+        raise ValueError(f"capacity needs positive bytes/token, length and budget, got {bytes_per_tok}, "
+                         f"{seq_len}, {budget_bytes}")
+    return math.floor(budget_bytes / (bytes_per_tok * seq_len))

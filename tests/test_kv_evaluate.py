@@ -1,0 +1,55 @@
+"""KV-cache measurement helpers (llmkit.serving.kv_cache.evaluate) on tiny models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmkit.serving.kv_cache import InQuantCache, KIVICache, default_calibration_path
+from llmkit.serving.kv_cache import evaluate as kve
+
+
+@torch.inference_mode()
+def test_nll_through_caches_matches_a_plain_forward_for_the_unquantized_cache(tiny_model):
+    ids = torch.randint(3, 100, (1, 40), generator=torch.Generator().manual_seed(0))
+    ctx, tgt = ids[:, :30], ids[:, 30:]
+    res = kve.nll_through_caches(tiny_model, ctx, tgt, {"bf16": None, "kivi": lambda: KIVICache(tiny_model.config,
+                                                                                                group_size=8)})
+    logits = tiny_model(ids).logits[0, 29:-1].float()
+    want = torch.nn.functional.cross_entropy(logits, tgt[0], reduction="sum").item()
+    assert res["bf16"][1] == 10 and res["bf16"][0] == pytest.approx(want, rel=1e-4)
+    assert res["kivi"][0] != res["bf16"][0]  # the quantized past is really read
+    with pytest.raises(ValueError, match=r"must be \[1, n\]"):
+        kve.nll_through_caches(tiny_model, ids[0], tgt, {"bf16": None})
+
+
+@torch.inference_mode()
+def test_bytes_per_token_and_capacity(tiny_model):
+    ids = torch.randint(3, 100, (1, 64))
+    bf16 = kve.bf16_bytes_per_token(tiny_model.config)
+    assert bf16 == 2 * 2 * 2 * 2 * 16  # K+V, 2 bytes, 2 layers, 2 kv-heads, head_dim 16
+    tok = kve.bytes_per_token(tiny_model, lambda: InQuantCache(tiny_model.config, layout="per-token", n_outliers=0), ids)
+    # per token and kv-head: 8 packed bytes + bf16 scale and zero; no window
+    assert tok["held"] == tok["worst"] == 2 * 2 * 2 * (8 + 4)
+    ch = kve.bytes_per_token(tiny_model, lambda: InQuantCache(tiny_model.config, group_size=32, n_outliers=0), ids)
+    assert ch["worst"] == pytest.approx(ch["held"] + 31 * bf16 / 64)
+    assert kve.capacity(tok["held"], 2**20, 1024) == 2**20 // (tok["held"] * 1024)
+    assert kve.capacity(bf16, 2**20, 1024) * 2 < kve.capacity(tok["held"], 2**20, 1024)
+    with pytest.raises(ValueError, match="positive"):
+        kve.capacity(0, 2**20, 10)
+
+
+def test_long_context_text_is_long_enough(tiny_tokenizer, shared_data):
+    text = kve.long_context_text(shared_data / "math500" / "test.jsonl", tiny_tokenizer, min_tokens=2304)
+    assert len(tiny_tokenizer(text, add_special_tokens=False).input_ids) >= 2304
+    assert text.startswith("Problem: ") and "\nSolution: " in text
+    with pytest.raises(FileNotFoundError, match="MATH-500 file not found"):
+        kve.long_context_text(shared_data / "nope.jsonl", tiny_tokenizer)
+
+
+def test_calibration_file_lives_in_a_subfolder_of_a_local_model(tmp_path, tiny_model, monkeypatch):
+    tiny_model.config._name_or_path = str(tmp_path)
+    assert default_calibration_path(tiny_model) == tmp_path / "kv_cache" / "inquant_calibration.safetensors"
+    monkeypatch.setenv("LLMKIT_HOME", str(tmp_path / "home"))
+    tiny_model.config._name_or_path = "org/some-model"
+    assert default_calibration_path(tiny_model) == tmp_path / "home" / "kv_calibration" / "org--some-model.safetensors"
