@@ -221,7 +221,7 @@ def main() -> int:
         print(f"{name}: validation loss by lr {{{sweep}}} -> lr {part['best_lr']:g}"
               + (" (edge of the sweep)" if part["best_lr_at_edge"] else "")
               + f"; test loss {b['test']['eval_loss']:.4f} -> {loss['mean']:.4f} +- {loss['std']:.4f}, accuracy "
-              f"{b['test']['accuracy']:.3f} -> {acc['mean']:.3f} +- {acc['std']:.3f} ({len(part['runs'])} seeds, "
+              f"{b['test']['accuracy']:.3f} -> {acc['mean']:.3f} +- {acc['std']:.3f} ({len(part['runs'])} seed{'s' if len(part['runs']) > 1 else ''}, "
               f"{fwd} forward passes each)", flush=True)
         part["test_loss"], part["test_accuracy"] = loss, acc
     if args.only is not None and "probes" in todo:
@@ -311,9 +311,11 @@ def _plot(res, path):
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.2))
     for name in cells:  # train loss of the chosen lr, first seed
         ys = res["runs"][name]["runs"][0]["train_loss"]
-        a.plot(range(1, len(ys) + 1), ys, label=f"{name} (lr {res['runs'][name]['best_lr']:g})", linewidth=1)
+        w = min(8, len(ys))
+        avg = [sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1]) for i in range(len(ys))]
+        a.plot(range(1, len(ys) + 1), avg, label=f"{name} (lr {res['runs'][name]['best_lr']:g})", linewidth=1)
     a.set_xlabel("ZO step")
-    a.set_ylabel("train loss (mean of the two perturbed forwards)")
+    a.set_ylabel("train loss, running mean of 8 steps")
     a.set_yscale("log")
     a.legend(fontsize=7)
     a.grid(alpha=0.3)
@@ -323,7 +325,7 @@ def _plot(res, path):
     b.set_xscale("log")
     b.set_yscale("log")
     b.set_xlabel("learning rate")
-    b.set_ylabel("validation loss (GSM8K train problems not trained on)")
+    b.set_ylabel("validation loss (held-out GSM8K train rows)")
     b.legend(fontsize=7)
     b.grid(alpha=0.3)
     before = [(res["full_precision"] if n == "mezo" else res[f"int{n[-1]}_before"])["test"]["eval_loss"] for n in cells]
