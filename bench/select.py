@@ -290,7 +290,7 @@ def main():
         ax2.set_title("sparse PCA: where the manifold ES is ahead", fontsize=9)
         ax.bar(range(len(pkeys)), vals)
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
-        ax.set_xticks(range(len(pkeys)), [k.replace("_", "\n", 2) for k in pkeys], fontsize=7)
+        ax.set_xticks(range(len(pkeys)), [k.replace("_", "\n") for k in pkeys], fontsize=7)
         ax.set_title("select bench: ratios vs baselines (< 1 better) and success rates")
         fig.tight_layout()
         fig.savefig(path.with_suffix(".png"), dpi=100)
