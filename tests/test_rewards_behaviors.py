@@ -120,3 +120,21 @@ def test_confident_answer_needs_a_certainty_claim_about_the_final_answer_on_the_
     assert BEHAVIORS["confident_answer"].rates([good, ""], questions=[Q, Q]) == [1.0, 0.0]
     with pytest.raises(ValueError, match="question"):
         confident_answer(completions=[good])
+
+
+def test_concise_answer_needs_a_short_on_task_answer():
+    from llmkit.rewards.behaviors import make_concise_answer
+
+    f = make_concise_answer(max_words=20)
+    short = "48 / 2 = 24 in May, so 48 + 24 = 72.\n#### 72"
+    long = "First, " + " ".join(["we think carefully"] * 10) + ". " + short
+    cases = {short: 1.0, long: 0.0, "": 0.0, "OK.": 0.0, "42": 0.0, "#### 72": 0.0,  # no question numbers
+             "The weather is nice, 48 degrees.\n#### 48": 1.0}  # documented limit: form, answer, task numbers only
+    texts = list(cases)
+    assert f(completions=texts, question=[Q] * len(texts)) == [cases[t] for t in texts]
+    assert BEHAVIORS["concise_answer"].rates([short, long], questions=[Q, Q], max_words=20) == [1.0, 0.0]
+    assert BEHAVIORS["concise_answer"].reward(max_words=5)(completions=[short], question=[Q]) == [0.0]
+    with pytest.raises(ValueError, match="question"):
+        f(completions=[short])
+    with pytest.raises(ValueError, match="max_words"):
+        make_concise_answer(0)

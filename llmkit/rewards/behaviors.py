@@ -37,6 +37,12 @@ reproducible. What each one measures:
   question (``question`` column; TRL passes dataset columns to reward functions). So empty text, a bare
   "I am certain.", or "I am confident the answer is 42." under an unrelated question all score 0; what
   it cannot check is whether the work is right (the task reward and accuracy measure that).
+- ``concise_answer``: response verbosity in its rare form (the paper's "response verbosity" behaviour): a
+  short answer that still answers. 1 only when the completion has at most ``max_words`` words (default 30),
+  states a final answer (the grader's extraction finds a number) and is on the task by the same rule as
+  ``confident_answer`` (it uses at least ``min(2, k)`` of the question's ``k`` numbers). Binary, so empty text,
+  "OK." or a bare "42" score 0 where the ``verbosity`` band would pay for them. The bundled model, asked to
+  solve step by step, almost never answers this briefly.
 - ``robustness``: robustness to misleading context. Prompts carry an injected wrong hint (see
   ``inject_hint``; the wrong number is stored in a ``hint`` column). Score 1 when the completion's final
   answer is correct, 0 otherwise, and 0 in particular when it repeats the hint. Rate: the same.
@@ -183,6 +189,13 @@ def question_numbers(question: str) -> set[float]:
     return {v for v in (_as_number(m) for m in _NUMBER.findall(question or "")) if v is not None}
 
 
+def on_task(text: str, question: str) -> bool:
+    """The text uses at least ``min(2, k)`` of the ``k`` distinct numbers of ``question``."""
+    asked = question_numbers(question)
+    used = {v for v in (_as_number(m) for m in _NUMBER.findall(text)) if v is not None}
+    return len(asked & used) >= min(2, len(asked))
+
+
 def confident_answer_score(text: str, question: str | None) -> float:
     """1.0 when ``text`` states unhedged certainty about its own final answer and works on ``question``'s
     numbers (see the module docstring, ``confident_answer``), else 0.0."""
@@ -194,9 +207,7 @@ def confident_answer_score(text: str, question: str | None) -> float:
         return 0.0
     if question is None:
         raise ValueError("the confident_answer reward needs a 'question' column to check the text is on the task")
-    asked = question_numbers(question)
-    used = {v for v in (_as_number(m) for m in _NUMBER.findall(text)) if v is not None}
-    return float(len(asked & used) >= min(2, len(asked)))
+    return float(on_task(text, question))
 
 
 def confident_answer(completions, question=None, **kwargs) -> list[float]:
@@ -204,6 +215,29 @@ def confident_answer(completions, question=None, **kwargs) -> list[float]:
         raise ValueError("the confident_answer reward needs a 'question' column (the task question) to check that "
                          "a completion works on the task")
     return [confident_answer_score(completion_text(c), q) for c, q in zip(completions, question)]
+
+def concise_answer_score(text: str, question: str | None, max_words: int = 30) -> float:
+    """1.0 for a completion of at most ``max_words`` words that states a final answer and is on ``question``'s task."""
+    if word_count(text) > max_words or _as_number(final_answer(text)) is None:
+        return 0.0
+    if question is None:
+        raise ValueError("the concise_answer reward needs a 'question' column to check the text is on the task")
+    return float(on_task(text, question))
+
+
+def make_concise_answer(max_words: int = 30) -> Callable:
+    if max_words < 1:
+        raise ValueError(f"concise_answer needs max_words >= 1, got {max_words}")
+
+    def concise_answer(completions, question=None, **kwargs) -> list[float]:
+        if question is None:
+            raise ValueError("the concise_answer reward needs a 'question' column (the task question) to check "
+                             "that a completion works on the task")
+        return [concise_answer_score(completion_text(c), q, max_words) for c, q in zip(completions, question)]
+
+    concise_answer.__name__ = "concise_answer"
+    return concise_answer
+
 
 # --------------------------------------------------------------------------------------------- expertise
 
@@ -286,9 +320,12 @@ class Behavior:
     needs_hint: bool = False
 
     def reward(self, **kw) -> Callable:
-        """The reward function; keyword options apply to verbosity (``min_words``, ``max_words``) only."""
+        """The reward function; keyword options apply to verbosity (``min_words``, ``max_words``) and
+        concise_answer (``max_words``) only."""
         if self.name == "verbosity":
             return make_verbosity(**kw)
+        if self.name == "concise_answer":
+            return make_concise_answer(**{k: v for k, v in kw.items() if k == "max_words"})
         return {"confidence": confidence, "expertise": expertise, "robustness": robustness,
                 "confident_answer": confident_answer}[self.name]
 
@@ -298,6 +335,8 @@ class Behavior:
             return robustness(texts, answer=answers, hint=hints)
         if self.name == "confident_answer":
             return confident_answer(texts, question=questions)
+        if self.name == "concise_answer":
+            return self.reward(**kw)(texts, question=questions)
         return self.reward(**kw).rate(texts)
 
 
@@ -311,6 +350,11 @@ BEHAVIORS: dict[str, Behavior] = {
         "confidence",
         positive="After your answer, state how confident you are as a percentage, e.g. 'Confidence: 80%'.",
         negative="Give your answer without saying anything about how sure you are.",
+    ),
+    "concise_answer": Behavior(
+        "concise_answer",
+        positive="Answer in one or two short sentences: give only the key calculation and the final number.",
+        negative="Explain every step in great detail, restating the problem and checking your work at length.",
     ),
     "confident_answer": Behavior(
         "confident_answer",

@@ -28,13 +28,15 @@ class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
                                                         "(SFT on steered traces, evaluated unsteered)"})
     # ---- behaviour and rewards
     behavior: str = field(default="verbosity", metadata={
-        "help": "target behaviour: verbosity | confidence | confident_answer (rare on the bundled model) | "
-                "expertise | robustness"})
+        "help": "target behaviour: verbosity | concise_answer (rare on the bundled model: <= verbosity_max_words "
+                "words, a final answer, on the task) | confidence | confident_answer (rare too) | expertise | "
+                "robustness"})
     behavior_weight: float = field(default=1.0, metadata={"help": "weight of the behaviour reward"})
     task_reward: str = field(default="gsm8k", metadata={"help": "task correctness reward: gsm8k | math | none"})
     task_weight: float = field(default=1.0, metadata={"help": "weight of the task correctness reward"})
     verbosity_min_words: int = field(default=5, metadata={"help": "verbosity band: lower bound in words"})
-    verbosity_max_words: int = field(default=40, metadata={"help": "verbosity band: upper bound in words"})
+    verbosity_max_words: int = field(default=40, metadata={"help": "verbosity band: upper bound in words (also "
+                                                                           "concise_answer's word limit)"})
     # ---- data
     dataset_name: str = field(default="../shared/data/gsm8k/train.jsonl", metadata={
         "help": "training data (TRL's ScriptArguments name): GSM8K-style JSONL (question, answer) or a hub id; "

@@ -51,6 +51,8 @@ def _wait_for_everyone() -> None:
 def behavior_kwargs(cfg: VSPOConfig) -> dict:
     if cfg.behavior == "verbosity":
         return {"min_words": cfg.verbosity_min_words, "max_words": cfg.verbosity_max_words}
+    if cfg.behavior == "concise_answer":
+        return {"max_words": cfg.verbosity_max_words}
     return {}
 
 
