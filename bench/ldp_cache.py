@@ -364,8 +364,8 @@ def fixed_budget_section(args, embedder, capacity: int, max_tokens: int, upstrea
             keep = {a: sum(token_mechanism.expected_keep_rate(t, pa[a]["epsilon_per_call"]) for t in texts)
                     / len(texts) for a in ("no_cache", "ldpcache")}
             pa["token_mechanism_keep_rate"] = keep
-            print(f"[fixed budget] the token mechanism at the same epsilons would keep {keep['no_cache']:.4f} "
-                  f"(no cache) / {keep['ldpcache']:.4f} (LDPCache's epsilon per call) of the word pieces "
+            print(f"[fixed budget] the token mechanism at the same epsilons would keep {keep['no_cache']:.2e} "
+                  f"(no cache) / {keep['ldpcache']:.2e} (LDPCache's epsilon per call) of the word pieces "
                   f"(exact expectation over {len(texts)} queries; at eps/token 38 it keeps ~0.98)", flush=True)
     print(f"fixed budget: {time.time() - t0:.0f} s, no LLM call beyond the bank's answers")
     b0 = str(budgets[0])
@@ -405,13 +405,13 @@ def fixed_budget_section(args, embedder, capacity: int, max_tokens: int, upstrea
     return section, figures
 
 
-def write_fixed_budget(section: dict, quick: bool) -> None:
+def write_fixed_budget(section: dict, quick: bool, stem: str | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stem = "ldp_cache_fixed_budget" + ("_quick" if quick else "")
+    stem = stem or "ldp_cache_fixed_budget" + ("_quick" if quick else "")
     out = REPO / "bench" / "results"
     (out / f"{stem}.json").write_text(json.dumps(section, indent=2))
     budgets = section["budgets_per_query"]
@@ -534,6 +534,8 @@ def main(argv=None) -> int:
                     help="mechanism/scheduler seeds per arm and budget (quick 5, full 10)")
     fb.add_argument("--bit-share", type=float, default=0.25,
                     help="the scheduler bit's epsilon as a share of B/Q (at most --rr-epsilon)")
+    fb.add_argument("--fixed-budget-out", default=None,
+                    help="file stem for the fixed-budget JSON/PNG (default ldp_cache_fixed_budget[_quick])")
     fb.add_argument("--budget-answers", type=Path, default=BANK_ANSWERS,
                     help="answers file for the bank's questions (the session-4 arithmetic run's plain asks)")
     args = ap.parse_args(argv)
@@ -605,7 +607,7 @@ def main(argv=None) -> int:
         )
     if args.fixed_budget_only:
         section, figures = fixed_budget_section(args, embedder, capacity, max_tokens, OpenAIUpstream, mechanism)
-        write_fixed_budget(section, q)
+        write_fixed_budget(section, q, args.fixed_budget_out)
         print(json.dumps(figures))
         return 0
 
@@ -916,7 +918,7 @@ def main(argv=None) -> int:
     )
 
     fb_section, fb_figures = fixed_budget_section(args, embedder, capacity, max_tokens, OpenAIUpstream, mechanism)
-    write_fixed_budget(fb_section, q)
+    write_fixed_budget(fb_section, q, args.fixed_budget_out)
     figures.update(fb_figures)
 
     out_dir = REPO / "bench" / "results"
