@@ -424,7 +424,8 @@ def write_fixed_budget(section: dict, quick: bool, stem: str | None = None) -> N
             acc = [curve[str(b)][arm]["accuracy"] for b in budgets]
             lo = [a - curve[str(b)][arm]["accuracy_ci95"][0] for a, b in zip(acc, budgets)]
             hi = [curve[str(b)][arm]["accuracy_ci95"][1] - a for a, b in zip(acc, budgets)]
-            label = {"gptcache": "GPTCache (not private)", "no_cache": "no cache (B/Q per query)"}.get(arm, arm)
+            label = {"gptcache": "GPTCache (not private)", "no_cache": "no cache (B/Q per query)",
+                     "ldpcache": "LDPCache (multi-factor)", "lru": "LDPCache scheduler, LRU"}[arm]
             axes[0][j].errorbar(xs, acc, yerr=[lo, hi], marker="o", capsize=3, color=color, label=label)
             axes[1][j].plot(budgets, [curve[str(b)][arm]["epsilon_per_call"] for b in budgets], marker="o",
                             color=color, label=label)
