@@ -17,7 +17,10 @@ after every step. Positions come from the attention mask (as in
 ``generate``); prefill computes the logits of the last position only.
 
 With ``engine.cache_factory`` set (e.g. InQuant), the KV cache is the
-factory's, which need not support removing or merging rows: then a batch
+factory's. A cache whose ``rows_mergeable`` is true (InQuant with per-token
+groups and a calibration: its layers implement ``cut_left`` and
+``merge_rows``) is batched continuously like the default cache. Any other
+factory cache need not support removing or merging rows: then a batch
 runs to its end with finished rows kept (masked out of the output), and new
 requests wait for the next batch (static batching).
 
@@ -80,6 +83,11 @@ def _plain_dynamic(cache) -> bool:
     return type(cache) is DynamicCache and all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
+def _mergeable(cache) -> bool:
+    """Rows can be removed, cut and merged: the default cache, or a cache that says so."""
+    return _plain_dynamic(cache) or bool(getattr(cache, "rows_mergeable", False))
+
+
 def _cache_tensors(cache):
     for layer in cache.layers:
         if layer.is_initialized and layer.keys.numel():
@@ -91,6 +99,9 @@ def _trim_left(cache, attn: torch.Tensor) -> torch.Tensor:
     cols = attn.any(0)
     first = int(cols.to(torch.int8).argmax()) if bool(cols.any()) else 0
     if first > 0:
+        for layer in cache.layers:
+            if hasattr(layer, "cut_left"):
+                layer.cut_left(first)
         for layer in _cache_tensors(cache):
             layer.keys = layer.keys[:, :, first:]
             layer.values = layer.values[:, :, first:]
@@ -263,7 +274,7 @@ class HFBatcher(StreamLoop):
                         ids = row.req.prompt_ids
                         lp = out.logits[i, input_ids.shape[1] - len(ids):-1].float().log_softmax(-1)
                         row.plps = [(ids[0], None, [])] + [_entry(lp[j], t, k) for j, t in enumerate(ids[1:])]
-        batch = _Batch(rows, cache, attn, positions[:, -1] + 1, droppable=_plain_dynamic(cache))
+        batch = _Batch(rows, cache, attn, positions[:, -1] + 1, droppable=_mergeable(cache))
         return self._advance(batch, out.logits[:, -1, :].float())
 
     def _adapters(self, rows) -> dict:
@@ -329,6 +340,9 @@ class HFBatcher(StreamLoop):
             return a if b is None else b
         width = max(a.attn.shape[1], b.attn.shape[1])
         for la, lb in zip(a.cache.layers, b.cache.layers):
+            if hasattr(la, "merge_rows"):
+                la.merge_rows(lb, width)
+                continue
             la.keys = torch.cat([_pad_left(la.keys, width, 2), _pad_left(lb.keys, width, 2)], dim=0)
             la.values = torch.cat([_pad_left(la.values, width, 2), _pad_left(lb.values, width, 2)], dim=0)
         a.attn = torch.cat([_pad_left(a.attn, width, 1), _pad_left(b.attn, width, 1)], dim=0)

@@ -93,9 +93,15 @@ class InQuantCache(QuantizedKVCache):
         if calibration is not None and calibration.num_layers != n_layers:
             raise ValueError(f"the InQuant calibration has {calibration.num_layers} layers, the model {n_layers}")
         cls = InQuantTokenLayer if layout == "per-token" else InQuantLayer
-        self.n_outliers, self.layout, self.gate = n_outliers, layout, gate
+        self.n_outliers, self.layout, self.gate, self.calibration = n_outliers, layout, gate, calibration
         super().__init__(config, lambda i: cls(group_size, n_outliers, max_stride, n_samples, seed, backend,
                                                min_ratio, gate, calibration, i))
+
+    @property
+    def rows_mergeable(self) -> bool:
+        """Rows can be cut, padded and merged between caches (continuous batching): per-token groups
+        with calibrated descriptors, which are the same in every cache made from the calibration."""
+        return self.layout == "per-token" and self.calibration is not None
 
     def outlier_pairs(self) -> dict[str, int]:
         """(outlier, donor) pairs the descriptors use, summed over layers and kv-heads, per side,

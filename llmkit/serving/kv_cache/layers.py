@@ -289,6 +289,38 @@ class InQuantTokenLayer(InQuantLayer):
         s, d = self.store[which], self.descriptors[which]
         return dequant_tokens_ref(s["packed"], s["scale"], s["zero"], d.outlier_ids, d.donor_ids, d.fill, d.valid)
 
+    # -- continuous batching: per-token groups can be cut and padded at any column -------------------
+    def cut_left(self, first: int) -> None:
+        """Drop the first ``first`` token columns of every row (no row attends to them any more)."""
+        for which in ("k", "v"):
+            self.store[which] = {name: t[:, :, first:] for name, t in self.store[which].items()}
+        self.n_packed -= first
+
+    def merge_rows(self, other: InQuantTokenLayer, width: int) -> None:
+        """Append ``other``'s rows below this layer's, both left-padded with zero columns to ``width``
+        tokens (padded columns are masked out by the caller's attention mask). The descriptors must
+        be the same (they are when both caches use one calibration)."""
+        for which in ("k", "v"):
+            a, b = self.descriptors.get(which), other.descriptors.get(which)
+            if a is None or b is None or not all(
+                    torch.equal(x, y) for x, y in ((a.outliers, b.outliers), (a.offsets, b.offsets))) or (
+                    (a.counts is None) != (b.counts is None)) or (a.counts is not None and not torch.equal(a.counts, b.counts)):
+                raise ValueError("InQuant caches with different descriptors cannot share a batch "
+                                 "(use a calibration so every cache gets the same)")
+        if self.keys.shape[-2] or other.keys.shape[-2]:
+            raise ValueError("cannot merge rows while tokens wait in a full-precision window")
+
+        def pad(t):
+            extra = width - t.shape[2]
+            return t if extra == 0 else torch.cat([t.new_zeros(*t.shape[:2], extra, *t.shape[3:]), t], dim=2)
+
+        for which in ("k", "v"):
+            self.store[which] = {name: torch.cat([pad(t), pad(other.store[which][name])], dim=0)
+                                 for name, t in self.store[which].items()}
+        self.keys = torch.cat([self.keys, other.keys], dim=0)
+        self.values = torch.cat([self.values, other.values], dim=0)
+        self.n_packed = width
+
 
 class KIVILayer(_WindowedQuantLayer):
     """Uniform 4-bit: keys per channel over ``group_size`` tokens, values per token."""
