@@ -52,6 +52,7 @@ def main():
     ap.add_argument("--curve-n", type=int, default=None, help="problems per curve point (16, --quick 8)")
     ap.add_argument("--target", type=float, default=0.25, help="target behaviour rate for the first-step figure")
     ap.add_argument("--behavior", default="confident_answer")
+    ap.add_argument("--max-words", type=int, default=30, help="concise_answer's word limit")
     ap.add_argument("--alpha-max", type=float, default=None, help="VSPO's largest intensity (default: guidance's)")
     ap.add_argument("--guidance-alpha", type=float, default=4.0, help="steering intensity for guidance and the "
                     "teacher's traces")
@@ -187,6 +188,7 @@ def methods(args) -> None:
         shutil.rmtree(work)
     common = {
         "model_name_or_path": args.model or "smollm2-135m-instruct", "behavior": args.behavior,
+        "verbosity_max_words": args.max_words,
         "dataset_name": str(REPO / "../shared/data/gsm8k/train.jsonl"), "dataset_limit": 512,
         "eval_path": str(REPO / "../shared/data/gsm8k/test.jsonl"), "eval_num_problems": eval_n,
         "eval_max_new_tokens": tokens, "eval_batch_size": 8, "steering_num_pairs": 16 if args.quick else 32,
