@@ -41,6 +41,9 @@ Figures (each measured against its anchor in the same run):
   same fraction of entries as outliers; and the score gate's count vs a matched buffer.
 - capacity: sequences of ``--cap-len`` tokens that fit ``--cap-gib`` GiB of KV cache, from the
   bytes each cache holds per token (per-channel layouts charged a full window at bf16), vs bf16.
+- served throughput at a fixed KV budget (what ``--serve-bf16-rows`` bf16 sequences of prompt +
+  new tokens hold): GSM8K chat requests submitted at once to the hf engine's streaming batcher,
+  concurrent rows capped at what fits the budget (bf16 vs InQuant, continuously batched).
 """
 
 from __future__ import annotations
@@ -382,6 +385,16 @@ def report(res: dict) -> dict:
                   f"({c['bytes_per_token'][n]:.0f} bytes/token{', window at its fullest' if c['window'].get(n) else ''})")
         figs["capacity_ratio_vs_bf16"] = round(c["sequences"]["inquant"] / c["sequences"]["bf16"], 3)
         print(f"capacity InQuant ({DEFAULT_ARM}) / bf16: {figs['capacity_ratio_vs_bf16']:.3f}x")
+    if "served" in res:
+        sv = res["served"]
+        for n, r in sv["results"].items():
+            print(f"served at a KV budget of {sv['budget_bytes'] / 2**20:.1f} MiB ({sv['rows']['bf16']} bf16 sequences of "
+                  f"{sv['seq_len']} tokens) {n}: {sv['rows'][n]} concurrent rows, {r['tokens_per_s']:.1f} tokens/s "
+                  f"({r['tokens']} tokens of {sv['requests']} GSM8K requests, up to {sv['new_tokens']} new each, "
+                  f"max batch seen {r['max_batch_seen']}, {r['joined']} joined a running batch)")
+        figs["served_throughput_ratio_vs_bf16"] = round(sv["results"]["inquant"]["tokens_per_s"]
+                                                        / sv["results"]["bf16"]["tokens_per_s"], 3)
+        print(f"served throughput InQuant/bf16 at the same KV budget: {figs['served_throughput_ratio_vs_bf16']:.3f}x")
     if "decode_tokens_per_s" in res:
         d = res["decode_tokens_per_s"]
         for n in ["bf16", *METHODS]:
@@ -447,7 +460,7 @@ def main(argv=None) -> int:
                     help="stop the accuracy run before a batch that would end after this many minutes")
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--compress-len", type=int, default=512)
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: ppl,acc,speed,decode,arms,capacity")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: ppl,acc,speed,decode,arms,capacity,serve")
     ap.add_argument("--calib-texts", type=int, default=None, help="GSM8K train texts (4 exemplars each) to calibrate on")
     ap.add_argument("--recalibrate", action="store_true", help="calibrate even if a calibration file exists")
     ap.add_argument("--long-ctx", type=int, default=2048, help="long-context tokens read back from the cache")
@@ -455,6 +468,10 @@ def main(argv=None) -> int:
     ap.add_argument("--long-windows", type=int, default=None, help="long-context texts (default 1 quick, 4 full)")
     ap.add_argument("--cap-len", type=int, default=2048, help="sequence length of the capacity figure")
     ap.add_argument("--cap-gib", type=float, default=8.0, help="KV budget (GiB) of the capacity figure")
+    ap.add_argument("--serve-n", type=int, default=None, help="requests served at the KV budget (default 12 quick, 32 full)")
+    ap.add_argument("--serve-new", type=int, default=None, help="new tokens per served request (default 32 quick, 128 full)")
+    ap.add_argument("--serve-bf16-rows", type=int, default=2,
+                    help="the served KV budget: what this many bf16 sequences of prompt+new tokens hold")
     args = ap.parse_args(argv)
     q = args.quick
     if args.merge:
@@ -477,7 +494,7 @@ def main(argv=None) -> int:
     if args.part == "core":
         skip.add("acc")
     elif args.part == "acc":
-        skip |= {"compression", "ppl", "speed", "decode"}
+        skip |= {"compression", "ppl", "speed", "decode", "arms", "capacity", "serve"}
 
     model, tok = load(args.model)
     model.eval()
@@ -544,6 +561,27 @@ def main(argv=None) -> int:
         res["capacity"] = {"seq_len": args.cap_len, "budget_gib": args.cap_gib, "bytes_per_token": bpt,
                            "window": window,
                            "sequences": {n: kve.capacity(b, budget, args.cap_len) for n, b in bpt.items()}}
+
+    if "serve" not in skip:
+        from llmkit.serving.kv_cache import cache_factory
+
+        n_req, n_new = args.serve_n or (12 if q else 32), args.serve_new or (32 if q else 128)
+        prompts = [tok.apply_chat_template([{"role": "user", "content": it["question"]}], tokenize=False,
+                                           add_generation_prompt=True) for it in test[:n_req]]
+        seq_len = max(len(tok(p_, add_special_tokens=False).input_ids) for p_ in prompts) + n_new
+        budget = args.serve_bf16_rows * seq_len * kve.bf16_bytes_per_token(model.config)
+        ids = tok(kve.long_context_text(MATH500, tok, seq_len + 16), return_tensors="pt").input_ids[:, :seq_len]
+        inq_bpt = kve.bytes_per_token(model, lambda: make_cache("inquant", model, args.group_size), ids)["worst"]
+        _, lay, gate = DEFAULT_ARM.split("/")
+        factory = cache_factory("inquant", layout=lay, gate=gate, calibration=CALIBRATION, group_size=args.group_size)
+        rows = {"bf16": args.serve_bf16_rows, "inquant": kve.capacity(inq_bpt, budget, seq_len)}
+        served = {}
+        for name in ("bf16", "inquant"):
+            served[name] = kve.served_throughput(model, tok, prompts, n_new, rows[name],
+                                                 None if name == "bf16" else factory)
+        res["served"] = {"requests": n_req, "new_tokens": n_new, "seq_len": seq_len, "budget_bytes": budget,
+                         "rows": rows, "results": served}
+        out.write_text(json.dumps(res, indent=2))
 
     if "compression" not in skip:
         res["compression"] = compression(model, tok, long_text, args.compress_len, args.group_size)

@@ -53,3 +53,12 @@ def test_calibration_file_lives_in_a_subfolder_of_a_local_model(tmp_path, tiny_m
     monkeypatch.setenv("LLMKIT_HOME", str(tmp_path / "home"))
     tiny_model.config._name_or_path = "org/some-model"
     assert default_calibration_path(tiny_model) == tmp_path / "home" / "kv_calibration" / "org--some-model.safetensors"
+
+
+def test_served_throughput_caps_concurrent_rows(tiny_model, tiny_tokenizer):
+    prompts = ["hi", "a longer prompt", "third one", "four"]
+    r = kve.served_throughput(tiny_model, tiny_tokenizer, prompts, 6, max_batch_size=2)
+    assert 0 < r["tokens"] <= 4 * 6 and r["tokens_per_s"] > 0
+    assert r["max_batch_seen"] <= 2
+    with pytest.raises(ValueError, match="max_batch_size must be >= 1"):
+        kve.served_throughput(tiny_model, tiny_tokenizer, prompts, 6, max_batch_size=0)

@@ -97,3 +97,50 @@ def capacity(bytes_per_tok: float, budget_bytes: int, seq_len: int) -> int:
         raise ValueError(f"capacity needs positive bytes/token, length and budget, got {bytes_per_tok}, "
                          f"{seq_len}, {budget_bytes}")
     return math.floor(budget_bytes / (bytes_per_tok * seq_len))
+
+
+def served_throughput(model, tokenizer, prompts: list[str], max_new_tokens: int, max_batch_size: int,
+                      cache_factory=None, timeout_s: float = 1800.0) -> dict:
+    """Serve ``prompts`` all at once through the hf engine's streaming batcher with at most
+    ``max_batch_size`` concurrent rows (what a KV budget allows), greedy, up to ``max_new_tokens``
+    each (a row that reaches EOS stops early; tokens are counted as produced). Returns generated
+    tokens, seconds, tokens/s and the batcher's counters."""
+    import threading
+    import time
+
+    from llmkit.engines.hf import HFEngine
+    from llmkit.engines.stream import StreamRequest
+    from llmkit.generation import GenerationParams
+
+    if max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    loop = HFEngine(model, tokenizer, cache_factory=cache_factory).start_streaming(max_batch_size=max_batch_size)
+    done, counts, lock = threading.Event(), {}, threading.Lock()
+    errors = []
+
+    def on_event(i):
+        def f(ev):
+            if ev.finish_reason:
+                with lock:
+                    counts[i] = ev.n_tokens
+                    if ev.error:
+                        errors.append(ev.error)
+                    if len(counts) == len(prompts):
+                        done.set()
+        return f
+
+    t0 = time.perf_counter()
+    try:
+        for i, p in enumerate(prompts):
+            loop.submit(StreamRequest(tokenizer(p, add_special_tokens=False)["input_ids"],
+                                      GenerationParams(max_new_tokens=max_new_tokens), on_event(i)))
+        if not done.wait(timeout_s):
+            raise TimeoutError(f"served_throughput: {len(prompts) - len(counts)} requests unfinished after {timeout_s} s")
+    finally:
+        loop.stop()
+    dt = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"served_throughput: a request failed: {errors[0]}")
+    n = sum(counts.values())
+    return {"tokens": n, "seconds": dt, "tokens_per_s": n / dt, "max_batch_size": max_batch_size,
+            "max_batch_seen": loop.max_batch_seen, "joined": loop.joined}
