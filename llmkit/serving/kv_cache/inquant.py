@@ -30,10 +30,26 @@ Cost: the saliency pass and descriptor run once per cache layer (keys and values
 pass); when the gate can keep no pair (some head's channel ranges are all within ``min_ratio``)
 the donor search is skipped, which gives exactly the descriptor the full search would.
 
-Deviations from the paper (we only have its abstract): the saliency statistic (sampled range), the
-donor approximation (group mean), the donor search rule and the descriptor encoding are our
-choices; saliency is estimated once per cache from the first quantized chunk rather than from an
-offline calibration set, so nothing needs calibrating before serving.
+Second pass (issue 23), because on SmolLM2 the gate above kept 0 of 240 pairs:
+
+- Calibrated saliency (``calibration.py``): one pass over a few texts gives per-layer saliency,
+  channel means, the score gate's weights and sample keys/values, saved beside the model; the
+  in-prompt sampling above stays the fallback without a calibration.
+- Per-head descriptors: ``Descriptor.counts`` lets every kv-head keep its own number of pairs
+  (padding columns are inert), so one head's flat channels no longer veto the whole layer side.
+- The attention-score gate (``gated_descriptor(gate="score")``): per head, keep the ``c`` most
+  salient pairs, ``c`` chosen to minimise the measured error ``e^T W e`` of a quantize/dequantize
+  round trip on calibration data, with ``W = E[q q^T]`` for keys (the error of the logits q.k) and
+  the output projection's ``W_o^T W_o`` for values. ``gate="off"`` keeps every candidate pair;
+  ``gate="ratio"`` is the rule above.
+- Per-token groups (``layout="per-token"``, ``kv_quant.quantize_tokens_ref``): the layout where an
+  outlier channel costs the most (it sets the step of every channel of its token); saliency there is
+  a channel's deviation from its token's median channel (``token_saliency``), donors read back as
+  their calibrated mean, and tokens are stored on arrival (no full-precision window).
+
+Deviations from the paper (we only have its abstract): the saliency statistics (sampled range;
+per-token deviation), the donor approximation (group mean; calibrated mean), the donor search
+rule, the gate and the descriptor encoding are our choices.
 """
 
 from __future__ import annotations
