@@ -47,7 +47,7 @@ def test_exact_privacy_loss_is_eps_for_any_two_queries(eps, top_m):
 
 def test_empirical_distinguishability_of_neighbouring_queries_is_within_eps():
     """Sample the mechanism (its rng path) on two neighbours; the best likelihood-ratio test stays within eps."""
-    eps, n = 1.5, 40_000
+    eps, n = 1.5, 20_000
     m = mech(eps)
     x, x2 = "who wrote hamlet", "what is the capital of france"
     rng = np.random.default_rng(0)
