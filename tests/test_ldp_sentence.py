@@ -53,7 +53,7 @@ def test_empirical_distinguishability_of_neighbouring_queries_is_within_eps():
     rng = np.random.default_rng(0)
     ka = np.bincount([BANK.index(m.perturb(x, rng).text) for _ in range(n)], minlength=len(BANK)) / n
     kb = np.bincount([BANK.index(m.perturb(x2, rng).text) for _ in range(n)], minlength=len(BANK)) / n
-    assert np.abs(ka - m.probabilities(x)).sum() < 0.03  # the sampler draws from the stated law
+    assert np.abs(ka - m.probabilities(x)).sum() < 0.05  # the sampler draws from the stated law
     ok = (ka * n >= 300) & (kb * n >= 300)
     emp = np.max(np.abs(np.log(ka[ok]) - np.log(kb[ok])))
     assert eps - 0.3 <= emp <= eps + 0.3
