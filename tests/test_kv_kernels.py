@@ -114,3 +114,25 @@ def test_backend_dispatch():
     assert all(torch.equal(u, v) for u, v in zip(a, b))
     with pytest.raises(ValueError, match="backend"):
         kq.quantize_pack(x, role, partner, backend="cuda-magic")
+
+
+def test_kernels_handle_heads_with_different_pair_counts():
+    # head 0 keeps both pairs, head 1 none: the descriptor is padded (valid False) for head 1
+    from llmkit.serving.kv_cache import Descriptor
+
+    x, o, d = _case(3)
+    desc = Descriptor.build(o, d, torch.tensor([2, 0]), head_dim=D)
+    o, d, ok = desc.outlier_ids, desc.donor_ids, desc.valid
+    role, partner = kq.role_maps(o, d, D, ok)
+    assert (role != kq.NORMAL).sum(1).tolist() == [4, 0]
+    ref = kq.quantize_pack_ref(x, role, partner)
+    tri = kq.quantize_pack_triton(x, role, partner)
+    for a, b, name in zip(ref, tri, ("packed", "scale", "zero")):
+        assert torch.equal(a, b), name
+    y_ref = kq.dequant_unpack_ref(ref[0], ref[1][:, :, None], ref[2][:, :, None], [8], o, d, valid=ok)
+    y_tri = kq.dequant_unpack_triton(ref[0], ref[1][:, :, None], ref[2][:, :, None], [8], o, d, valid=ok)
+    torch.testing.assert_close(y_tri, y_ref, rtol=1e-6, atol=1e-5)
+    # head 1 is plain 4-bit: the same as quantizing it with an empty descriptor
+    empty = kq.role_maps(o[1:, :0], d[1:, :0], D)
+    plain = kq.quantize_pack_ref(x[:, 1:], *empty)
+    assert torch.equal(ref[0][:, 1:], plain[0]) and torch.equal(ref[1][:, 1:], plain[1])
