@@ -83,3 +83,25 @@ def test_tiny_recipe_two_steps_through_cli(tmp_path, repo_root, monkeypatch):
     res = json.loads((out / "eval.json").read_text())
     assert res["steps"] == 2 and (out / "pool").is_dir() and (out / "resolved_config.yaml").is_file()
     assert (out / "checkpoint-2").is_dir() and (out / "reward_curves.png").is_file()
+
+
+def test_warm_start_rows_cover_both_kinds_per_training_family_and_refuse_heldout(tmp_path):
+    from llmkit.tools.rollouts import parse_build, parse_use
+    from llmkit.train.smith.recipe import warm_start_rows
+
+    cfg = _cfg(tmp_path, warm_start_use_share=0.67)
+    rows = warm_start_rows(cfg, list(tasks.TRAIN_FAMILIES), 54)
+    use = [r for r in rows if "You can call this tool" in r["prompt"][-1]["content"]]
+    assert len(use) == 36
+    for kind in (use, [r for r in rows if r not in use]):
+        names = {f.name for f in tasks.FAMILIES.values() for r in kind if f.reference.name in r["completion"][0]["content"]}
+        assert names == set(tasks.TRAIN_FAMILIES)  # every training family as use AND as build traces
+    for r in use:  # the targets are exactly what the parser reads
+        call, ans = parse_use(r["completion"][0]["content"])
+        assert isinstance(call["arguments"], dict) and ans
+    for r in rows:
+        if r not in use:
+            spec, code = parse_build(r["completion"][0]["content"])
+            assert spec["parameters"]["type"] == "object" and "def " in code
+    with pytest.raises(ValueError, match="held-out"):
+        warm_start_rows(cfg, [tasks.HELDOUT_FAMILIES[0]], 2)

@@ -52,7 +52,11 @@ def test_build_then_eval_uses_only_verified_tools(tmp_path):
     truth = [i.answer == "True" for i in tasks.get("ransom_note").generate(3, seed=tasks.EVAL_SEED_OFFSET)]
     assert r["per_family"]["ransom_note"] == pytest.approx(sum(truth) / 3)
     ref = evaluate(scripted_user, FAMS, mode="reference", n=3, progress=False)
-    assert ref["macro"] == 1.0
+    assert ref["macro"] == 1.0 and ref["call_parse_rate"] == 1.0 and ref["call_valid_rate"] == 1.0
+    # a user that echoes the schema instead of calling: no parseable call, nothing right
+    echo = evaluate(lambda cs: [c[-1]["content"].split("You can call this tool:\n")[1].split("\n\nReply")[0]
+                                for c in cs], FAMS, mode="reference", n=3, progress=False)
+    assert echo["call_parse_rate"] == 0.0 and echo["macro"] == 0.0
     none = evaluate(scripted_user, FAMS, mode="none", n=3, progress=False)
     assert none["per_family"]["ransom_note"] == r["per_family"]["ransom_note"]
 

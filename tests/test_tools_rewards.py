@@ -97,3 +97,30 @@ def test_parsers():
     assert call == {"name": "f", "arguments": {"x": 1}} and ans == "3"
     call, ans = parse_use("I think it is\n42")
     assert call is None and ans == "42"
+
+
+def test_parse_use_reads_what_a_small_model_writes_but_not_an_echoed_schema():
+    call = {"name": "f", "arguments": {"x": 1}}
+    # a call in a ```json fence without the tag, and one with arguments as a JSON string (OpenAI style)
+    assert parse_use(f"```json\n{json.dumps(call)}\n```\nAnswer: 2")[0] == call
+    assert parse_use('<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>')[0] == call
+    # Llama style: "parameters" holding the argument values is a call
+    assert parse_use('<tool_call>{"name": "f", "parameters": {"x": 1}}</tool_call>')[0] == call
+    # the tool's schema echoed back ("parameters" is a JSON Schema) is not a call, even before a real call
+    schema = {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}
+    assert parse_use(json.dumps(schema, indent=1) + "\nAnswer: 5") == (None, "5")
+    assert parse_use(json.dumps(schema) + f"\n<tool_call>{json.dumps(call)}</tool_call>")[0] == call
+    # garbage and bare argument objects are not calls
+    assert parse_use('<tool_call>{"x": 1}</tool_call>')[0] is None
+    assert parse_use("<tool_call>f(x=1)</tool_call>")[0] is None
+
+
+def test_use_reply_in_a_fence_scores_like_the_tagged_one():
+    inst = FAM.generate(1, seed=3)[0]
+    tagged = reference_use_trace(inst, FAM.reference)
+    fenced = tagged.replace("<tool_call>", "```json\n").replace("</tool_call>", "\n```")
+    r = SmithRewards(checks=2)
+    kw = {"kind": ["use"] * 2, "family": ["gcd"] * 2, "seed": [0, 0],
+          "instance": [json.dumps({"question": inst.question, "args": inst.args, "answer": inst.answer})] * 2,
+          "tool": [json.dumps(FAM.reference.to_dict())] * 2}
+    assert [f(completions=[tagged, fenced], **kw) for f in r.funcs] == [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]

@@ -12,7 +12,9 @@ the host's environment this is safe).
 * :func:`evaluate` answers ``n`` evaluation instances per family: with the pool's best tool for the family
   (a use rollout whose call runs in the sandbox), with the reference tool (``mode="reference"``), or with no tool
   (``mode="none"``, also the fallback for a family without a pooled tool). Accuracy is the exact verifier's;
-  ``macro`` is the mean over families.
+  ``macro`` is the mean over families. Where a tool is shown, ``call_parse_rate`` is the share of replies holding
+  a parseable call (a JSON object with dict arguments, :func:`llmkit.tools.rollouts.parse_use`) and
+  ``call_valid_rate`` the share whose call names the tool and validates against its schema.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from tqdm.auto import tqdm
 from llmkit.rewards.tools import score_build, score_use
 from llmkit.tools import tasks
 from llmkit.tools.pool import ToolPool
-from llmkit.tools.rollouts import build_prompt, final_answer, plain_prompt, use_prompt
+from llmkit.tools.rollouts import build_prompt, final_answer, parse_use, plain_prompt, use_prompt
 from llmkit.tools.sandbox import Limits
 
 Generator = Callable[[list[list[dict]]], list[str]]
@@ -119,15 +121,23 @@ def evaluate(gen: Generator, families, *, pool: ToolPool | None = None, mode: st
             jobs.append((fam, i, tool))
     replies = gen(convs)
     right: dict = {f: [] for f in used_tool}
+    parsed, valid, samples = [], [], {}
     for (fam, inst, tool), r in tqdm(list(zip(jobs, replies)), desc=f"score ({mode})", disable=not progress):
         if tool is None:
             ok = fam.verify(final_answer(r), inst)
         else:
-            ok = bool(score_use(r, fam.name, inst, tool, limits=limits, unsafe=unsafe).outcome)
+            s = score_use(r, fam.name, inst, tool, limits=limits, unsafe=unsafe)
+            ok = bool(s.outcome)
+            call = parse_use(r)[0]
+            parsed.append(call is not None and isinstance(call.get("arguments"), dict))
+            valid.append(s.schema == 1.0)
         right[fam.name].append(ok)
+        samples.setdefault(fam.name, r[:600])
     per_family = {f: sum(v) / max(len(v), 1) for f, v in right.items()}
     macro = sum(per_family.values()) / max(len(per_family), 1)
-    return {"mode": mode, "per_family": per_family, "macro": macro, "used_tool": used_tool, "n": n}
+    return {"mode": mode, "per_family": per_family, "macro": macro, "used_tool": used_tool, "n": n,
+            "call_parse_rate": sum(parsed) / len(parsed) if parsed else None,
+            "call_valid_rate": sum(valid) / len(valid) if valid else None, "sample_replies": samples}
 
 
 def sandbox_overhead(n: int = 30, *, unsafe_anchor: bool = True) -> dict:

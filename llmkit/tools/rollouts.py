@@ -136,23 +136,53 @@ _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.S)
 _ANSWER = re.compile(r"answer\s*[:：]\s*(.+)", re.I)
 
 
+def _json_objects(text: str):
+    """Every JSON object that starts somewhere in ``text`` (outer ones first, then nested ones)."""
+    dec = json.JSONDecoder()
+    for m in re.finditer(r"\{", text):
+        try:
+            obj, _ = dec.raw_decode(text[m.start():])
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            yield obj
+
+
+def _is_schema(d) -> bool:
+    return isinstance(d, dict) and ("properties" in d or d.get("type") == "object")
+
+
+def _as_call(obj: dict) -> dict | None:
+    """``{"name", "arguments"}`` from one JSON object, or None when it is not a call. ``arguments`` may be a JSON
+    string (OpenAI style); ``parameters`` is accepted as the arguments (Llama style) unless it is a JSON Schema,
+    which is what a model echoing the tool's schema writes (that is not a call)."""
+    if "arguments" in obj:
+        args = obj["arguments"]
+    elif "parameters" in obj and not _is_schema(obj["parameters"]):
+        args = obj["parameters"]
+    else:
+        return None
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            args = None
+    return {"name": obj.get("name"), "arguments": args}
+
+
 def parse_use(text: str) -> tuple[dict | None, str | None]:
-    """(call {"name", "arguments"} or None, final answer or None) from a use reply."""
+    """(call {"name", "arguments"} or None, final answer or None) from a use reply.
+
+    The call is the first JSON object with ``arguments`` (or non-schema ``parameters``) inside a
+    ``<tool_call>`` tag; without a tag, anywhere in the reply (so a call in a ```json fence, or bare, is read as
+    well). An echoed schema (``parameters`` holding a JSON Schema) or a bare arguments object without a name is
+    not a call."""
     call = None
     m = _CALL.search(text)
-    body = m.group(1) if m else None
-    obj = _first_json_object(body) if body else None
-    if obj is None and not m:
-        obj = _first_json_object(text)
-    if isinstance(obj, dict):
-        args = obj.get("arguments", obj.get("parameters"))
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                args = None
-        if "name" in obj or isinstance(args, dict):
-            call = {"name": obj.get("name"), "arguments": args}
+    for obj in _json_objects(m.group(1) if m else text):
+        call = _as_call(obj)
+        if call is not None:
+            break
     return call, final_answer(text)
 
 

@@ -52,10 +52,17 @@ class SmithConfig(LlmkitOptimMixin, GRPOConfig):
         "help": "SFT steps on reference-tool traces of the TRAINING families before RL (0 = off). Only training "
                 "families' reference tools are used; held-out families stay unseen"})
     warm_start_lr: float = field(default=5e-5, metadata={"help": "learning rate of the warm start"})
+    warm_start_use_share: float = field(default=0.67, metadata={
+        "help": "share of warm-start traces that are use traces (a call of the family's reference tool in the "
+                "exact <tool_call> format, then the answer); the rest are build traces (spec + code)"})
     # ---- evaluation (held-out families, before/after)
     eval_families: str = field(default="heldout", metadata={"help": "families for the evaluation"})
     eval_n: int = field(default=10, metadata={"help": "questions per evaluated family (0 = no evaluation)"})
-    eval_max_new_tokens: int = field(default=256, metadata={"help": "generation budget at evaluation"})
+    eval_max_new_tokens: int = field(default=256, metadata={
+        "help": "generation budget at evaluation for answers (use replies and answers without tools)"})
+    eval_build_max_new_tokens: int = field(default=320, metadata={
+        "help": "generation budget at evaluation for build replies (a spec + code; the reference tools' traces "
+                "are up to ~230 tokens of the bundled model's tokenizer)"})
     eval_no_tools: bool = field(default=True, metadata={"help": "also evaluate the policy answering without tools"})
     eval_before: bool = field(default=False, metadata={"help": "also evaluate the starting model"})
     tiny_model_seed: int = field(default=0, metadata={"help": "seed of the tiny-llama test model"})
@@ -66,6 +73,8 @@ class SmithConfig(LlmkitOptimMixin, GRPOConfig):
                              f"got '{self.reward_aggregation}'")
         if not 0.0 <= self.build_ratio <= 1.0:
             raise ValueError("build_ratio must be in [0, 1]")
+        if not 0.0 <= self.warm_start_use_share <= 1.0:
+            raise ValueError("warm_start_use_share must be in [0, 1]")
         if self.build_examples < 1 or self.build_checks < 1:
             raise ValueError("build_examples and build_checks must be >= 1")
         # upgrad computes its own per-axis advantages; TRL's summed ones are then only logged

@@ -20,9 +20,10 @@ Where this code deviates, and why:
 * The pool grows inside the trainer (TRL fixes ``tools=`` at start), see ``SmithTrainer``.
 * 13 families: ten from reasoning-gym (exact verifiers of our own), two of our own, nine for training and four
   held out; the paper's families are not public.
-* ``warm_start_steps`` > 0 first fine-tunes (SFT, TRL's ``SFTTrainer``) on the reference tools' build traces of the
-  TRAINING families only; a model as small as the bundled 135M one otherwise never writes a parseable tool, and
-  RL has no signal. Off by default; the bench says when it is used.
+* ``warm_start_steps`` > 0 first fine-tunes (SFT, TRL's ``SFTTrainer``) on the reference tools' traces of the
+  TRAINING families only (``warm_start_use_share`` use traces: the exact ``<tool_call>`` JSON the parser reads
+  plus the answer; the rest build traces: spec + code); a model as small as the bundled 135M one otherwise never
+  writes a parseable tool or call, and RL has no signal. Off by default; the bench says when it is used.
 * The "combined" aggregation (one scalar reward = schema + code + outcome) is the paper's ablation.
 
 Outputs in ``output_dir``: ``resolved_config.yaml``; ``pool/`` (the tools the policy built, with provenance);
@@ -84,24 +85,41 @@ def reward_functions(cfg: SmithConfig, pool):
     return [combined_reward], r
 
 
-def warm_start(cfg: SmithConfig, model, tok, families, out: Path):
-    """A short SFT on reference build traces (and use traces with the reference tool) of the training families."""
-    from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
-
+def warm_start_rows(cfg: SmithConfig, families, n: int) -> list[dict]:
+    """``n`` SFT rows (prompt/completion) from the reference tools of ``families``: a ``warm_start_use_share`` of
+    them use traces (the use prompt with the reference tool's schema -> the exact ``<tool_call>`` JSON and the
+    answer), the rest build traces (the build prompt -> the reference spec + code). Families cycle; held-out
+    families are refused."""
     from llmkit.tools import tasks
     from llmkit.tools.rollouts import build_prompt, reference_build_trace, reference_use_trace, use_prompt
 
-    rows = []
-    for i in range(max(cfg.warm_start_steps * cfg.per_device_train_batch_size, len(families))):
-        fam = tasks.get(families[i % len(families)])
-        if i % 2 == 0:
-            rows.append({"prompt": build_prompt(fam, fam.generate(cfg.build_examples, seed=10_000 + i)),
-                         "completion": [{"role": "assistant", "content": reference_build_trace(fam)}]})
-        else:
-            inst = fam.generate(1, seed=10_000 + i)[0]
+    leaked = set(families) & set(tasks.HELDOUT_FAMILIES)
+    if leaked:
+        raise ValueError(f"warm start on held-out families {sorted(leaked)} refused; they must stay unseen")
+    rows, n_use = [], 0
+    for i in range(n):
+        seed = 10_000 + i  # training seeds (< EVAL_SEED_OFFSET): never an evaluation or check instance
+        if n_use < round(cfg.warm_start_use_share * (i + 1)):  # spread the use traces evenly
+            fam = tasks.get(families[n_use % len(families)])  # each kind cycles the families on its own
+            n_use += 1
+            inst = fam.generate(1, seed=seed)[0]
             rows.append({"prompt": use_prompt(inst, fam.reference),
                          "completion": [{"role": "assistant", "content": reference_use_trace(inst, fam.reference)}]})
+        else:
+            fam = tasks.get(families[(i - n_use) % len(families)])
+            rows.append({"prompt": build_prompt(fam, fam.generate(cfg.build_examples, seed=seed)),
+                         "completion": [{"role": "assistant", "content": reference_build_trace(fam)}]})
+    return rows
+
+
+def warm_start(cfg: SmithConfig, model, tok, families, out: Path):
+    """A short SFT (TRL's ``SFTTrainer``, loss on the completion only) on :func:`warm_start_rows` of the training
+    families."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    rows = warm_start_rows(cfg, list(families),
+                           max(cfg.warm_start_steps * cfg.per_device_train_batch_size, len(families)))
     args = SFTConfig(output_dir=str(out / "warm_start"), max_steps=cfg.warm_start_steps,
                      per_device_train_batch_size=cfg.per_device_train_batch_size, learning_rate=cfg.warm_start_lr,
                      logging_steps=max(1, cfg.warm_start_steps // 5), save_strategy="no", report_to="none",
@@ -120,17 +138,22 @@ def evaluate_policy(model, tok, cfg: SmithConfig, out: Path, tag: str) -> dict:
 
     fams = tasks.names(cfg.eval_families)
     gen = local_generator(model, tok, max_new_tokens=cfg.eval_max_new_tokens)
+    build_gen = local_generator(model, tok, max_new_tokens=cfg.eval_build_max_new_tokens)
     limits = Limits(timeout=cfg.sandbox_timeout, memory_mb=cfg.sandbox_memory_mb)
     pool = ToolPool(out / f"eval_pool_{tag}")
-    built = build_tools(gen, fams, pool, examples=cfg.build_examples, checks=cfg.build_checks,
+    built = build_tools(build_gen, fams, pool, examples=cfg.build_examples, checks=cfg.build_checks,
                         min_score=cfg.pass_threshold, source=f"policy-{tag}", limits=limits,
                         unsafe=cfg.unsafe_no_sandbox)
     with_tools = evaluate(gen, fams, pool=pool, n=cfg.eval_n, limits=limits, unsafe=cfg.unsafe_no_sandbox)
     no_tools = evaluate(gen, fams, mode="none", n=cfg.eval_n) if cfg.eval_no_tools else None
+    reference = evaluate(gen, fams, mode="reference", n=cfg.eval_n, limits=limits, unsafe=cfg.unsafe_no_sandbox)
     print(f"eval {tag}: held-out macro with own tools {with_tools['macro']:.3f}"
+          + f", with the reference tools {reference['macro']:.3f} (call parse rate "
+          + f"{reference['call_parse_rate']:.2f})"
           + (f", without tools {no_tools['macro']:.3f}" if no_tools else "")
           + f", tools built {sum(b['added'] for b in built.values())}/{len(fams)}")
-    return {"with_tools": with_tools, "no_tools": no_tools,
+    return {"with_tools": with_tools, "no_tools": no_tools, "reference_tools": reference,
+            "use_call_parse_rate": reference["call_parse_rate"],
             "built": {k: {a: v[a] for a in ("schema", "code", "outcome", "added")} for k, v in built.items()}}
 
 
