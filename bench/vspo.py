@@ -56,7 +56,8 @@ def main():
     ap.add_argument("--alpha-max", type=float, default=None, help="VSPO's largest intensity (default: guidance's)")
     ap.add_argument("--guidance-alpha", type=float, default=4.0, help="steering intensity for guidance and the "
                     "teacher's traces")
-    ap.add_argument("--learning-rate", type=float, default=2e-5)
+    ap.add_argument("--learning-rate", type=float, default=5e-5)
+    ap.add_argument("--batch-size", type=int, default=8, help="rollouts per step (groups of 4)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="completion/eval budget (192, --quick 128)")
     ap.add_argument("--work-dir", default="/tmp/llmkit-bench-vspo-methods", help="run folders (outside the repo)")
     ap.add_argument("--timing", action="store_true", help="the per-step time benchmark instead")
@@ -193,7 +194,7 @@ def methods(args) -> None:
         "eval_path": str(REPO / "../shared/data/gsm8k/test.jsonl"), "eval_num_problems": eval_n,
         "eval_max_new_tokens": tokens, "eval_batch_size": 8, "steering_num_pairs": 16 if args.quick else 32,
         "guidance_alpha": args.guidance_alpha, "alpha_max": alpha_max, "alpha_anneal": "linear",
-        "alpha_anneal_fraction": 0.75, "max_steps": steps, "per_device_train_batch_size": 4, "num_generations": 4,
+        "alpha_anneal_fraction": 0.75, "max_steps": steps, "per_device_train_batch_size": args.batch_size, "num_generations": 4,
         "max_completion_length": tokens, "temperature": 1.0, "learning_rate": args.learning_rate,
         "lr_scheduler_type": "constant", "beta": 0.0, "logging_steps": 1, "save_strategy": "no", "report_to": "none",
         "use_cpu": True, "bf16": False, "dataloader_num_workers": 0, "disable_tqdm": True,
