@@ -158,13 +158,11 @@ from llmkit.serving.ldp_cache.experiment import (
     MemoEmbedder,
     MemoMechanism,
     MemoUpstream,
+    evaluate_workload,
     eviction_ablation,
     free_port,
-    mean_runs,
     noninferior,
     pooled_bootstrap,
-    problem_bootstrap,
-    run_cache,
     start_server,
     sweep,
 )
@@ -177,7 +175,6 @@ from llmkit.serving.ldp_cache.workload import (
     ZIPF_S,
     build,
     correct,
-    last_number,
     load_arith_problems,
     load_problems,
 )
@@ -572,7 +569,6 @@ def main(argv=None) -> int:
         OpenAIUpstream,
         PerQueryLDP,
         PrivacyLedger,
-        ThresholdScheduler,
     )
     from llmkit.serving.ldp_cache.embedder import MiniLMEmbedder
 
@@ -671,77 +667,25 @@ def main(argv=None) -> int:
         print(f"LLM calls made in this invocation: {calls_baseline} ({time.time() - t0:.0f} s)", flush=True)
 
         for k in kinds:
-            wseed = WORKLOADS.index(k)
-            qs = streams[k]
-            n = len(qs)
-            answers = [f.result() for kk, kind, _, f in jobs if kk == k and kind == "ldp"]
-            no_cache = {
-                "hit_ratio": 0.0,
-                "epsilon_per_query": sum(a.epsilon for a in answers) / n,
-                "accuracy": sum(correct(a.text, x["gold"]) for a, x in zip(answers, qs)) / n,
-                "false_hit_rate": 0.0,
-            }
-            plain_text = {p: f.result() for kk, kind, p, f in jobs if kk == k and kind == "plain"}
-            plain_ok = {p: correct(t, problem_sets[k][p]["gold"]) for p, t in plain_text.items()}
-            for x in qs:  # the no-privacy answer's final number, for the agreement measure
-                x["ref"] = last_number(plain_text[x["problem"]])
-            no_cache["agreement"] = sum(correct(a.text, x["ref"]) for a, x in zip(answers, qs)) / n
-            for a, x in zip(answers, qs):
-                x["no_cache_correct"] = correct(a.text, x["gold"])
-            acc_plain_problems = sum(plain_ok.values()) / len(plain_ok)
-            acc_plain_queries = sum(plain_ok[x["problem"]] for x in qs) / n  # weighted like the stream
-
-            # cache arms at the same capacity, coupled to arm 1's perturbations (no new LLM calls)
-            no_cache["correct_per_problem"] = dict(Counter(x["problem"] for x in qs if x["no_cache_correct"]))
-            arms = {"no_cache": no_cache}
-            for name, policy in (("ldpcache_multifactor", "multifactor"), ("ldpcache_lru", "lru")):
-                runs = [
-                    run_cache(
-                        qs,
-                        mechanism,
-                        embedder,
-                        up,
-                        capacity=capacity,
-                        policy=policy,
-                        scheduler=sched(),
-                        seed=[args.seed, wseed],
-                        bit_seed=1000 + r,
-                        max_tokens=max_tokens,
-                    )
-                    for r in tqdm(range(repeats), desc=f"{k}: cache runs ({policy})", file=sys.stderr)
-                ]
-                arms[name] = mean_runs(runs)
-            arms["ldpcache_unbounded"] = mean_runs(
-                [
-                    run_cache(
-                        qs,
-                        mechanism,
-                        embedder,
-                        up,
-                        capacity=10**6,
-                        policy="lru",
-                        scheduler=sched(),
-                        seed=[args.seed, wseed],
-                        bit_seed=1000 + r,
-                        max_tokens=max_tokens,
-                    )
-                    for r in range(repeats)
-                ]
-            )
-            arms["gptcache_threshold"] = run_cache(
-                qs,
-                mechanism,
-                embedder,
-                up,
+            r = evaluate_workload(
+                streams[k],
+                problem_sets[k],
+                [f.result() for kk, kind, _, f in jobs if kk == k and kind == "ldp"],
+                {p: f.result() for kk, kind, p, f in jobs if kk == k and kind == "plain"},
+                mechanism=mechanism,
+                embedder=embedder,
+                upstream=up,
+                sched=sched,
                 capacity=capacity,
-                policy="lru",
-                scheduler=ThresholdScheduler(args.sim_threshold),
-                seed=[args.seed, wseed],
-                bit_seed=0,
+                repeats=repeats,
+                seed=args.seed,
+                wseed=WORKLOADS.index(k),
                 max_tokens=max_tokens,
+                sim_threshold=args.sim_threshold,
+                progress=lambda it, desc, k=k: tqdm(it, desc=f"{k}: {desc}", file=sys.stderr),
             )
             t1 = time.time()
-            sw = sweep(
+            r["sweep"] = sweep(
                 k,
                 problem_sets[k],
                 visits_of[k],
@@ -753,38 +697,9 @@ def main(argv=None) -> int:
                 repeats=sweep_repeats,
                 seed=args.seed,
             )
-            results[k] = {
-                "arms": arms,
-                "queries": n,
-                "problems": len(plain_ok),
-                "pool": sizes[k],
-                "accuracy_plain_problems": acc_plain_problems,
-                "accuracy_plain_queries": acc_plain_queries,
-                "sweep": sw,
-                "sweep_seconds": round(time.time() - t1, 1),
-                "sample_queries": [x["text"] for x in qs[:4]],
-                "accuracy_diff_vs_no_cache": {
-                    name: problem_bootstrap(
-                        dict(Counter(x["problem"] for x in qs)),
-                        arms[name]["correct_per_problem"],
-                        no_cache["correct_per_problem"],
-                    )
-                    for name in ("ldpcache_multifactor", "ldpcache_lru")
-                },
-                "per_problem": {
-                    p: {
-                        "queries": sum(x["problem"] == p for x in qs),
-                        "question": problem_sets[k][p]["question"],
-                        "gold": problem_sets[k][p]["gold"],
-                        "plain_correct": plain_ok[p],
-                        "correct_no_cache": no_cache["correct_per_problem"].get(p, 0),
-                        "correct_ldpcache": round(
-                            arms["ldpcache_multifactor"]["correct_per_problem"].get(p, 0), 2
-                        ),
-                    }
-                    for p in sorted(plain_ok)
-                },
-            }
+            r["sweep_seconds"] = round(time.time() - t1, 1)
+            r["pool"] = sizes[k]
+            results[k] = r
         extra_calls = up.calls - calls_baseline
     finally:
         if proc is not None:

@@ -272,3 +272,36 @@ def test_a_malformed_gsm8k_file_is_refused_with_its_line(tmp_path):
         W.load_problems(bad, 5, seed=0)
     with pytest.raises(ValueError, match=r"train.jsonl:2: not a GSM8K record"):
         W.load_arith_problems(bad, 5, seed=0)
+
+
+def test_evaluate_workload_reuses_the_no_cache_answers_and_scores_every_arm():
+    from llmkit.serving.ldp_cache import PerQueryLDP, PrivacyLedger
+
+    qs = W.build_zipf(PROBLEMS, 20, seed=4)
+    calls = []
+
+    def upstream(messages, **params):
+        calls.append(messages)
+        return "so it is 42" if "apples" in messages[-1]["content"] else "it is 0"
+
+    memo = X.MemoUpstream(upstream)
+    emb = X.MemoEmbedder(HashEmbedder())
+    m = X.MemoMechanism(mech())
+    base = PerQueryLDP(memo, PrivacyLedger(":memory:", 1e18), m)
+    answers = [base.ask(x["text"], seed=[0, 1, i], max_tokens=4, temperature=0) for i, x in enumerate(qs)]
+    plain = {p: f"the answer is {PROBLEMS[p]['gold']}" for p in {x["problem"] for x in qs}}
+    n_calls = len(calls)
+    r = X.evaluate_workload(qs, PROBLEMS, answers, plain, mechanism=m, embedder=emb, upstream=memo,
+                            sched=lambda: LDPScheduler(3.0, 0.8, 0.2), capacity=3, repeats=2, seed=0, wseed=1,
+                            max_tokens=4, sim_threshold=0.8)
+    assert len(calls) == n_calls  # every cache miss replayed a no-cache call (common random numbers)
+    assert set(r["arms"]) == {"no_cache", "ldpcache_multifactor", "ldpcache_lru", "ldpcache_unbounded",
+                              "gptcache_threshold"}
+    assert r["accuracy_plain_queries"] == 1.0 and r["problems"] == len(plain)
+    for name, arm in r["arms"].items():
+        assert 0 <= arm["accuracy"] <= 1 and (name == "no_cache") == (arm["hit_ratio"] == 0)
+    assert r["arms"]["no_cache"]["epsilon_per_query"] > r["arms"]["ldpcache_multifactor"]["epsilon_per_query"]
+    assert all("ref" in x and "no_cache_correct" in x for x in qs)
+    lo, hi = r["accuracy_diff_vs_no_cache"]["ldpcache_lru"]["ci95"]
+    assert lo <= r["accuracy_diff_vs_no_cache"]["ldpcache_lru"]["diff"] <= hi
+    assert sum(v["queries"] for v in r["per_problem"].values()) == len(qs)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .workload import build, correct
+from .workload import build, correct, last_number
 
 MARGIN = 0.05  # non-inferiority margin for "equal accuracy", fixed before the large arithmetic run
 
@@ -396,3 +396,72 @@ def eviction_ablation(
     return out
 
 
+
+
+def evaluate_workload(queries: list[dict], problems: list[dict], answers: list, plain_text: dict, *, mechanism,
+                      embedder, upstream, sched, capacity: int, repeats: int, seed: int, wseed: int,
+                      max_tokens: int, sim_threshold: float, progress=None) -> dict:
+    """Every arm on one stream at equal epsilon per token, from the no-cache arm's answers (CRN).
+
+    ``answers[i]`` is the no-cache arm's :class:`.client.Answer` to query i (perturbed with the seed
+    ``[seed, wseed, i]``), ``plain_text[p]`` the model's answer to problem p asked plainly. The cache
+    arms (multi-factor, LRU, unbounded: ``repeats`` scheduler seeds each; GPTCache threshold: one) run
+    over the same perturbations, so a miss replays the no-cache answer through ``upstream`` (memoized).
+    Marks each query with ``ref`` (the plain answer's number) and ``no_cache_correct``.
+    """
+    from .scheduler import ThresholdScheduler
+
+    progress = progress or (lambda it, desc: it)
+    qs, n = queries, len(queries)
+    no_cache = {
+        "hit_ratio": 0.0,
+        "epsilon_per_query": sum(a.epsilon for a in answers) / n,
+        "accuracy": sum(correct(a.text, x["gold"]) for a, x in zip(answers, qs)) / n,
+        "false_hit_rate": 0.0,
+    }
+    plain_ok = {p: correct(t, problems[p]["gold"]) for p, t in plain_text.items()}
+    for x in qs:  # the no-privacy answer's final number, for the agreement measure
+        x["ref"] = last_number(plain_text[x["problem"]])
+    no_cache["agreement"] = sum(correct(a.text, x["ref"]) for a, x in zip(answers, qs)) / n
+    for a, x in zip(answers, qs):
+        x["no_cache_correct"] = correct(a.text, x["gold"])
+    no_cache["correct_per_problem"] = dict(Counter(x["problem"] for x in qs if x["no_cache_correct"]))
+    common = {"seed": [seed, wseed], "max_tokens": max_tokens}
+    arms = {"no_cache": no_cache}
+    for name, policy in (("ldpcache_multifactor", "multifactor"), ("ldpcache_lru", "lru")):
+        arms[name] = mean_runs([
+            run_cache(qs, mechanism, embedder, upstream, capacity=capacity, policy=policy, scheduler=sched(),
+                      bit_seed=1000 + r, **common)
+            for r in progress(range(repeats), f"cache runs ({policy})")
+        ])
+    arms["ldpcache_unbounded"] = mean_runs([
+        run_cache(qs, mechanism, embedder, upstream, capacity=10**6, policy="lru", scheduler=sched(),
+                  bit_seed=1000 + r, **common)
+        for r in range(repeats)
+    ])
+    arms["gptcache_threshold"] = run_cache(qs, mechanism, embedder, upstream, capacity=capacity, policy="lru",
+                                           scheduler=ThresholdScheduler(sim_threshold), bit_seed=0, **common)
+    per_problem = dict(Counter(x["problem"] for x in qs))
+    return {
+        "arms": arms,
+        "queries": n,
+        "problems": len(plain_ok),
+        "accuracy_plain_problems": sum(plain_ok.values()) / len(plain_ok),
+        "accuracy_plain_queries": sum(plain_ok[x["problem"]] for x in qs) / n,  # weighted like the stream
+        "sample_queries": [x["text"] for x in qs[:4]],
+        "accuracy_diff_vs_no_cache": {
+            name: problem_bootstrap(per_problem, arms[name]["correct_per_problem"], no_cache["correct_per_problem"])
+            for name in ("ldpcache_multifactor", "ldpcache_lru")
+        },
+        "per_problem": {
+            p: {
+                "queries": per_problem.get(p, 0),
+                "question": problems[p]["question"],
+                "gold": problems[p]["gold"],
+                "plain_correct": plain_ok[p],
+                "correct_no_cache": no_cache["correct_per_problem"].get(p, 0),
+                "correct_ldpcache": round(arms["ldpcache_multifactor"]["correct_per_problem"].get(p, 0), 2),
+            }
+            for p in sorted(plain_ok)
+        },
+    }
