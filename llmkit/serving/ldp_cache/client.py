@@ -2,12 +2,15 @@
 
 One query, in order (see :mod:`.scheduler` for why each step is private):
   1. reserve the worst case (query epsilon + scheduler bit) in the ledger, or refuse;
-     the refusal depends only on public facts (budget, spent, query length);
+     the refusal depends only on public facts (budget, spent, and the query length, which
+     the token mechanism releases anyway: only its bucket with ``length_bucket``; with a
+     fixed ``epsilon=`` the length plays no part);
   2. embed the raw query, pick the cached entry with the best expected reuse accuracy
      (accuracy x similarity), release the randomized hit/miss bit;
   3. hit: answer with the cached response, settle the charge to the bit's epsilon;
-     miss: perturb every non-assistant message with the token mechanism, send that
-     upstream, settle to bit + query epsilon, cache (raw query, response, fidelity).
+     miss: perturb every non-assistant message (assistant turns: see below) with the
+     mechanism, send that upstream, settle to bit + query epsilon, cache (raw query,
+     response, fidelity).
 A failure before anything reached the upstream refunds the query part; any other
 failure keeps the whole reservation (the upstream may have seen the query).
 
