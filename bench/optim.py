@@ -11,10 +11,14 @@ Three figures, each measured against its anchor in the same run:
    AdamW on embeddings/head/norms) and Lion (llmkit_lion, lr / 3 as Lion's authors advise), the same steps and
    data: eval-loss ratio and step-time ratio against AdamW.
 3. VSPO's GRPO path (mode grpo: the aggregation does not depend on steering) on the bundled model with the
-   summed rewards (anchor) and ``reward_aggregation: upgrad``: per-reward curves and the step-time ratio.
+   summed rewards (anchor) and ``reward_aggregation: upgrad``, on two rewards that conflict there (a 10-30 word
+   verbosity band and the expertise reward): per-reward curves, the step-time ratio, and evidence that the
+   rewards really pull apart (``llmkit.train.reward_aggregation.reward_conflict_stats``: the fraction of groups
+   where each reward spreads, the mean in-group cosine of the two rewards, the fraction of groups where they
+   rank the rollouts oppositely). Both runs see the same prompts (same seed); they run one after the other.
 
-    .venv/bin/python bench/optim.py --quick    # 2 HALO steps (batch 1), 2 VSPO steps, small eval
-    .venv/bin/python bench/optim.py            # 10 HALO steps, 4 VSPO steps
+    .venv/bin/python bench/optim.py --quick    # 2 HALO steps (batch 1), 3 VSPO steps, small eval
+    .venv/bin/python bench/optim.py            # 10 HALO steps, 6 VSPO steps
 
 Absolute times on the shared CPU box are noise; ratios are what is reported. Outputs:
 bench/results/optim[_quick].json and .png.
@@ -74,24 +78,47 @@ def halo_run(optim: str, steps: int, out: Path, extra: list[str], batch: int = 2
             "step_s": res["train_wall_s"] / max(res["global_step"], 1), "steps": res["global_step"]}
 
 
-def vspo_run(aggregation: str, steps: int, out: Path, completion: int = 48) -> dict:
-    from llmkit.cli import main
+def vspo_run(aggregation: str, steps: int, out: Path, completion: int, batch: int, band: tuple[int, int]) -> dict:
+    """VSPO's trainer on its GRPO path (mode grpo, no steering: the aggregation does not depend on it) with two
+    rewards that pull apart on this model: the verbosity band ``band`` (words; brevity) and ``expertise`` (terms,
+    equations, steps: longer, more formal work). The VSPO CLI offers one behaviour plus a task reward, and GSM8K
+    correctness is 0 for every rollout of the bundled model at these lengths (no spread, so no signal), hence the
+    trainer is built here with the recipe's own pieces and this reward pair."""
+    from datasets import Dataset
+    from trl import ModelConfig
 
-    argv = ["train", "vspo", "--config", str(REPO / "recipes/configs/vspo/smollm2_verbosity_gsm8k.yaml"),
-            "--output_dir", str(out), "--mode", "grpo", "--max_steps", str(steps), "--dataset_limit", "16",
-            "--eval_path", "", "--per_device_train_batch_size", "4", "--num_generations", "4",
-            "--max_completion_length", str(completion), "--save_strategy", "no", "--reward_aggregation", aggregation,
-            "--verbosity_min_words", "5", "--verbosity_max_words", "25"]
-    assert main(argv) == 0, f"vspo run with {aggregation} failed"
+    from llmkit.models import load_for_training, prepare_model_path
+    from llmkit.rewards.behaviors import expertise, make_verbosity
+    from llmkit.train.common import MetricsJsonlCallback
+    from llmkit.train.vspo.config import VSPOConfig
+    from llmkit.train.vspo.data import build_rows, load_records
+    from llmkit.train.vspo.trainer import VSPOTrainer
+
+    cfg = VSPOConfig(output_dir=str(out), mode="grpo", alpha_max=0.0, behavior="verbosity", task_reward="none",
+                     verbosity_min_words=band[0], verbosity_max_words=band[1], eval_path=None,
+                     reward_aggregation=aggregation, max_steps=steps, per_device_train_batch_size=batch,
+                     num_generations=4, max_completion_length=completion, temperature=1.0, learning_rate=1e-5,
+                     lr_scheduler_type="constant", beta=0.0, logging_steps=1, save_strategy="no", report_to="none",
+                     use_cpu=True, bf16=False, seed=0, dataloader_num_workers=0)
+    funcs = [make_verbosity(*band), expertise]
+    cfg.reward_weights = [1.0, 1.0]
+    model, tok = load_for_training(ModelConfig(model_name_or_path=prepare_model_path("smollm2-135m-instruct", out)))
+    rows = build_rows(load_records("../shared/data/gsm8k/train.jsonl", 4 * steps * batch, "train", "gsm8k", None),
+                      "verbosity")
+    trainer = VSPOTrainer(model=model, args=cfg, reward_funcs=funcs, train_dataset=Dataset.from_list(rows),
+                          processing_class=tok, steering_vector=None,
+                          callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")])
+    trainer.train()
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     recs = [r for r in recs if "step_time" in r]
-    curves = {k: [r[k] for r in recs] for k in recs[0] if k.startswith(("rewards/", "jd/")) and k.endswith(
-        ("/mean", "")) and not k.endswith("/std")} if recs else {}
+    keep = ("rewards/", "jd/", "reward_conflict/")
+    curves = {k: [r.get(k) for r in recs] for k in recs[0] if k.startswith(keep) and not k.endswith("/std")}
     times = [r["step_time"] for r in recs]
-    # the first step also pays one-time costs (compilation of the kernels, caches): drop it when there are more
+    # the first step also pays one-time costs (kernel compilation, caches): drop it when there are more
     steady = times[1:] if len(times) > 1 else times
     return {"aggregation": aggregation, "step_s": sum(steady) / len(steady), "step_times": times,
-            "curves": curves, "reward": [r.get("reward") for r in recs]}
+            "curves": curves, "reward": [r.get("reward") for r in recs], "band_words": list(band),
+            "completion_tokens": completion, "rows_per_step": batch, "num_generations": 4}
 
 
 def plot(results: dict, png: Path) -> None:
@@ -100,7 +127,7 @@ def plot(results: dict, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     halo = results["halo"]
     names = [h["label"] for h in halo]
     x = range(len(names))
@@ -111,15 +138,31 @@ def plot(results: dict, png: Path) -> None:
     axes[0].set_ylabel("ratio to AdamW")
     axes[0].set_title(f"HALO SFT, bundled model, {halo[0]['steps']} steps")
     axes[0].legend()
+    styles = {"sum": "-", "upgrad": "--"}
     for run in results["vspo"]:
         for k, v in run["curves"].items():
+            steps = range(1, len(v) + 1)
             if k.startswith("rewards/") and k.endswith("/mean"):
-                axes[1].plot(range(1, len(v) + 1), v, marker="o",
+                axes[1].plot(steps, v, styles.get(run["aggregation"], ":"), marker="o",
                              label=f"{run['aggregation']}: {k.split('/')[1]}")
+            elif k.startswith("reward_conflict/") and k.endswith("/cos"):
+                axes[2].plot(steps, v, styles.get(run["aggregation"], ":"), marker="o",
+                             label=f"{run['aggregation']}: {k.split('/')[1].replace('__', ' vs ')}")
     axes[1].set_xlabel("step")
     axes[1].set_ylabel("mean reward")
-    axes[1].set_title(f"VSPO (grpo) per-reward curves; upgrad step time x{results['upgrad_step_time_ratio']:.2f}")
+    axes[1].set_title(f"VSPO (grpo) per-reward curves; upgrad step time x{results['upgrad_step_time_ratio']:.2f}",
+                      fontsize=9)
     axes[1].legend(fontsize=7)
+    axes[2].axhline(0.0, color="k", lw=0.8)
+    axes[2].set_ylim(-1.05, 1.05)
+    axes[2].set_xlabel("step")
+    axes[2].set_ylabel("mean in-group cosine of the two rewards")
+    axes[2].set_title("reward conflict (< 0: they rank rollouts oppositely)", fontsize=9)
+    axes[2].legend(fontsize=7)
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes[1:]:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
@@ -127,13 +170,16 @@ def plot(results: dict, png: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="2 HALO steps (batch 1) and 2 VSPO steps")
+    ap.add_argument("--quick", action="store_true", help="2 HALO steps (batch 1) and 3 VSPO steps")
     ap.add_argument("--skip-toys", action="store_true", help="do not rerun the toy tests")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # quick: sized for the shared 2-core box under load (a batch-2 x 256-token step took ~170 s there)
-    halo_steps, vspo_steps, batch, max_length, completion = (2, 2, 1, 192, 32) if args.quick else (10, 4, 2, 256, 48)
+    halo_steps, batch, max_length = (2, 1, 192) if args.quick else (10, 2, 256)
+    # VSPO: 2 prompts x 4 rollouts per step, 64 new tokens (the bundled model's rollouts then run ~10-60 words, so
+    # the 10-30 word band splits every group; at 32 tokens every rollout sat inside a 5-25 band: no spread)
+    vspo_steps, vspo_rows, completion, band = (3, 8, 64, (10, 30)) if args.quick else (6, 8, 96, (10, 30))
     results: dict = {"quick": args.quick}
 
     out_dir = REPO / "bench" / "results"
@@ -170,14 +216,30 @@ def main(argv=None) -> int:
 
         vspo = []
         for agg in ("sum", "upgrad"):
-            vspo.append(vspo_run(agg, vspo_steps, Path(tmp) / f"vspo_{agg}", completion=completion))
+            vspo.append(vspo_run(agg, vspo_steps, Path(tmp) / f"vspo_{agg}", completion, vspo_rows, band))
             results["vspo"] = vspo
             save_partial()
         results["upgrad_step_time_ratio"] = vspo[1]["step_s"] / vspo[0]["step_s"]
+        for key in ("reward_means", "reward_group_spread", "reward_conflict_cos", "reward_conflict_frac_opposed"):
+            results[key] = {}
         for run in vspo:
-            per = {k.split("/")[1]: [round(x, 3) for x in v] for k, v in run["curves"].items()
-                   if k.startswith("rewards/") and k.endswith("/mean")}
-            print(f"vspo {run['aggregation']}: step {run['step_s']:.1f}s, per-reward means by step {per}")
+            agg, c = run["aggregation"], run["curves"]
+            means = {k.split("/")[1]: [round(x, 4) for x in v] for k, v in c.items()
+                     if k.startswith("rewards/") and k.endswith("/mean")}
+            results["reward_means"][agg] = means
+            # every step has the same number of groups: the mean over steps is the fraction over all groups
+            results["reward_group_spread"][agg] = {k.split("/")[1]: round(sum(v) / len(v), 4) for k, v in c.items()
+                                                   if k.endswith("/group_spread")}
+            for key, suffix in (("reward_conflict_cos", "/cos"), ("reward_conflict_frac_opposed", "/frac_opposed")):
+                vals = [sum(v) / len(v) for k, v in c.items() if k.startswith("reward_conflict/") and k.endswith(suffix)]
+                results[key][agg] = round(vals[0], 4) if len(vals) == 1 else None
+            print(f"vspo {agg}: step {run['step_s']:.1f}s, per-reward means by step {means}")
+            print(f"vspo {agg}: fraction of groups with reward spread {results['reward_group_spread'][agg]}, "
+                  f"mean in-group reward cosine {results['reward_conflict_cos'][agg]}, "
+                  f"fraction of groups opposed {results['reward_conflict_frac_opposed'][agg]}")
+            weights = {k.split("/")[2]: [round(x, 3) for x in v] for k, v in c.items() if k.startswith("jd/weight/")}
+            if weights:
+                print(f"vspo {agg}: UPGrad weights by step {weights}")
         print(f"upgrad_step_time_ratio: {results['upgrad_step_time_ratio']:.3f}")
         save_partial()
 
@@ -193,6 +255,8 @@ def main(argv=None) -> int:
     summary = {k: results.get(k) for k in ("muon_vs_adamw_eval_loss_ratio", "lion_vs_adamw_eval_loss_ratio",
                                            "upgrad_step_time_ratio", "muon_vs_adamw_step_time_ratio",
                                            "lion_vs_adamw_step_time_ratio")}
+    for key in ("reward_means", "reward_group_spread", "reward_conflict_cos", "reward_conflict_frac_opposed"):
+        summary[key] = results.get(key)
     summary["toy_tests_passed"] = results.get("toys", {}).get("passed")
     summary["toy_tests_total"] = results.get("toys", {}).get("total")
     print(json.dumps(summary))
