@@ -1,12 +1,14 @@
 """SMITH bench: sandbox overhead and escapes, and held-out-family macro accuracy of the bundled model against the
 paper's baselines, all in one run.
 
-    python bench/smith.py --quick      # small: 2 questions per held-out family, 2 GRPO steps
+    python bench/smith.py --quick      # small: 4 questions per held-out family, a few GRPO steps
     python bench/smith.py              # larger (still a CPU run of a few tens of minutes)
 
 Conditions (held-out families only; none of them is seen in training):
   no_tools            the base model answers the questions directly
   reference_tools     the base model calls our reference tool for each family (ground-truth tools)
+  warm_reference_tools  the warm-started policy (before GRPO) calls the reference tools: did the warm start teach
+                      the call format? (``use_call_parse_rate*``: share of replies holding a parseable call)
   untrained_writer    the base model writes a tool per family from K examples (inference-time tool making), then
                       answers with it
   smith               warm start (SFT on reference traces of the TRAINING families, documented) + SMITH GRPO with
@@ -38,10 +40,13 @@ def plot(res: dict, png: Path, runs: dict):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    names = ["no_tools", "reference_tools", "untrained_writer", "smith", "combined_reward",
+    names = ["no_tools", "reference_tools", "warm_reference_tools", "untrained_writer", "smith", "combined_reward",
              "student_untrained_tools", "student_smith_tools"]
+    names = [k for k in names if k in res["conditions"]]
     vals = [res["conditions"][k] for k in names]
-    axes[0].bar(range(len(names)), vals, color=["gray", "green", "orange", "C0", "C1", "orange", "C0"])
+    colors = {"no_tools": "gray", "reference_tools": "green", "warm_reference_tools": "olive", "smith": "C0",
+              "combined_reward": "C1", "student_smith_tools": "C0"}
+    axes[0].bar(range(len(names)), vals, color=[colors.get(k, "orange") for k in names])
     axes[0].set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
     axes[0].set_ylabel("held-out macro accuracy")
     axes[0].set_title(f"held-out families (n={res['n_per_family']} each)")
@@ -93,8 +98,9 @@ def main() -> int:
 
         torch.set_num_threads(args.threads)
     q = args.quick
-    n, grpo_steps, warm_steps = (1, 2, 8) if q else (5, 6, 40)
-    max_new = 128 if q else 256
+    n, grpo_steps, warm_steps = (4, 2, 6) if q else (8, 12, 60)
+    # a call is <= ~55 tokens (the answer line after it is not needed); a reference build trace up to ~230 tokens
+    max_new, build_max_new = (64, 256) if q else (96, 320)
     work = Path(args.work) / ("quick" if q else "full")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -111,7 +117,8 @@ def main() -> int:
     from llmkit.train.smith.recipe import warm_start
 
     res: dict = {"quick": q, "model": DEFAULT_MODEL, "n_per_family": n, "grpo_steps": grpo_steps,
-                 "warm_start_steps": warm_steps, "max_new_tokens": max_new, "heldout": list(tasks.HELDOUT_FAMILIES)}
+                 "warm_start_steps": warm_steps, "max_new_tokens": max_new, "build_max_new_tokens": build_max_new,
+                 "heldout": list(tasks.HELDOUT_FAMILIES), "train_families": list(tasks.TRAIN_FAMILIES)}
     # ---- sandbox
     ov = sandbox_overhead(20 if q else 60)
     res["sandbox"] = ov
@@ -126,28 +133,42 @@ def main() -> int:
     # ---- baselines with the base model
     fams = tasks.HELDOUT_FAMILIES
     model, tok = load(DEFAULT_MODEL)
-    gen = local_generator(model, tok, max_new_tokens=max_new)
-    cond, per_fam = {}, {}
+    gen = local_generator(model, tok, max_new_tokens=max_new, batch_size=16)
+    build_gen = local_generator(model, tok, max_new_tokens=build_max_new, batch_size=16)
+    cond, per_fam, parse = {}, {}, {}
     r = evaluate(gen, fams, mode="none", n=n)
     cond["no_tools"], per_fam["no_tools"] = r["macro"], r["per_family"]
     r = evaluate(gen, fams, mode="reference", n=n)
     cond["reference_tools"], per_fam["reference_tools"] = r["macro"], r["per_family"]
+    parse["base"] = r["call_parse_rate"]
+    res["sample_replies"] = {"base_reference_tools": r["sample_replies"]}
     upool = ToolPool(work / "untrained_pool")
-    built = build_tools(gen, fams, upool, examples=3, checks=4, source=DEFAULT_MODEL)
+    built = build_tools(build_gen, fams, upool, examples=3, checks=4, source=DEFAULT_MODEL)
     res["untrained_builds"] = {k: {a: v[a] for a in ("schema", "code", "outcome", "added")} for k, v in built.items()}
     r = evaluate(gen, fams, pool=upool, n=n)
     cond["untrained_writer"], per_fam["untrained_writer"] = r["macro"], r["per_family"]
     cond["student_untrained_tools"] = r["macro"]  # the writer and the student are the same frozen model here
     for k in ("no_tools", "reference_tools", "untrained_writer"):
         print(f"held-out macro acc {k}: {cond[k]:.3f}")
+    print(f"use call parse rate, base model with the reference tools: {parse['base']:.3f}")
 
     # ---- warm start once (training families only), then SMITH and the combined-reward ablation from it
     t0 = time.time()
     wcfg = SmithConfig(output_dir=str(work / "warm"), use_cpu=True, bf16=False, report_to="none",
-                       warm_start_steps=warm_steps, per_device_train_batch_size=2, num_generations=2,
+                       warm_start_steps=warm_steps, warm_start_lr=2e-4 if q else 1e-4,
+                       warm_start_top_layers=10 if q else 0, per_device_train_batch_size=4,
+                       num_generations=4,
                        build_examples=3, seed=0)
     wmodel, wtok = load_for_training(ModelConfig(model_name_or_path=DEFAULT_MODEL), output_dir=work)
     wmodel = warm_start(wcfg, wmodel, wtok, tasks.TRAIN_FAMILIES, work / "warm")
+    if not q:  # the quick run measures the parse rate after warm start + GRPO only (the smith run), for time
+        wmodel.eval()
+        r = evaluate(local_generator(wmodel, wtok, max_new_tokens=max_new), fams, mode="reference", n=n)
+        cond["warm_reference_tools"], per_fam["warm_reference_tools"] = r["macro"], r["per_family"]
+        parse["warm_start"] = r["call_parse_rate"]
+        res["sample_replies"]["warm_reference_tools"] = r["sample_replies"]
+        print(f"held-out macro acc warm_reference_tools: {cond['warm_reference_tools']:.3f}; use call parse rate "
+              f"base {parse['base']:.3f} -> after warm start {parse['warm_start']:.3f}")
     wmodel.save_pretrained(work / "warm" / "model")
     wtok.save_pretrained(work / "warm" / "model")
     del wmodel
@@ -157,15 +178,21 @@ def main() -> int:
         out = work / name
         cfg = SmithConfig(output_dir=str(out), use_cpu=True, bf16=False, report_to="none", reward_aggregation=agg,
                           max_steps=grpo_steps, per_device_train_batch_size=4, num_generations=4,
-                          max_completion_length=max_new, temperature=0.8, learning_rate=5e-6, beta=0.0,
+                          max_completion_length=192 if q else build_max_new, temperature=0.8, learning_rate=1e-5, beta=0.0,
                           logging_steps=1, save_strategy="no", num_prompts=8 * grpo_steps, build_ratio=0.5,
-                          build_examples=3, build_checks=4, eval_n=n, eval_max_new_tokens=max_new, eval_no_tools=not q,
+                          build_examples=3, build_checks=4, eval_n=n, eval_max_new_tokens=max_new,
+                          eval_build_max_new_tokens=build_max_new, eval_no_tools=not q,
+                          eval_reference=not q or name == "smith",
                           dataloader_num_workers=0, seed=0)
         t0 = time.time()
         smith_main(cfg, ModelConfig(model_name_or_path=str(work / "warm" / "model")))
         ev = json.loads((out / "eval.json").read_text())
         cond[name] = ev["after"]["with_tools"]["macro"]
         per_fam[name] = ev["after"]["with_tools"]["per_family"]
+        if ev["after"]["reference_tools"]:
+            cond[f"{name}_reference_tools"] = ev["after"]["reference_tools"]["macro"]
+            parse[name] = ev["after"]["use_call_parse_rate"]
+        res["sample_replies"][name] = ev["after"]["with_tools"]["sample_replies"]
         runs[name] = {"seconds": round(time.time() - t0, 1), "pool_size": ev["pool_size"],
                       "pool_growth": ev["pool_growth"], "heldout_builds": ev["after"]["built"],
                       "policy_no_tools_macro": (ev["after"]["no_tools"] or {}).get("macro"),
@@ -174,6 +201,8 @@ def main() -> int:
         nt = runs[name]["policy_no_tools_macro"]
         print(f"held-out macro acc {name}: {cond[name]:.3f}"
               + (f" (policy without tools {nt:.3f})" if nt is not None else "")
+              + (f" (policy with the reference tools {cond[name + '_reference_tools']:.3f}, use call parse rate "
+                 f"{parse[name]:.3f})" if name in parse else "")
               + f"; training pool {ev['pool_size']} tools; last-step axes "
               + ", ".join(f"{k} {v:.2f}" for k, v in last.items()))
     # ---- frozen student: the base model uses the trained policy's held-out tools
@@ -184,7 +213,7 @@ def main() -> int:
     for k in ("smith", "combined_reward", "untrained_writer", "reference_tools"):
         print(f"difference {k} - no_tools: {cond[k] - cond['no_tools']:+.3f}")
 
-    res.update(conditions=cond, per_family=per_fam, runs=runs, seconds=round(time.time() - t_start, 1))
+    res.update(conditions=cond, per_family=per_fam, runs=runs, use_call_parse_rate=parse, seconds=round(time.time() - t_start, 1))
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = "smith_quick" if q else "smith"
     (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
@@ -196,6 +225,10 @@ def main() -> int:
                "heldout_macro_acc_combined_reward": cond["combined_reward"],
                "student_macro_acc_smith_tools": cond["student_smith_tools"],
                "student_macro_acc_untrained_tools": cond["student_untrained_tools"],
+               "heldout_macro_acc_warm_start_reference_tools": cond.get("warm_reference_tools"),
+               "heldout_macro_acc_smith_reference_tools": cond["smith_reference_tools"],
+               "use_call_parse_rate_base": parse["base"], "use_call_parse_rate_warm_start": parse.get("warm_start"),
+               "use_call_parse_rate": parse["smith"],
                "pool_size": runs["smith"]["pool_size"],
                "sandbox_p50_ms": round(ov["p50_ms"], 2), "sandbox_p95_ms": round(ov["p95_ms"], 2),
                "sandbox_overhead_ratio": round(ov["ratio"], 3), "sandbox_escapes": escapes}

@@ -105,3 +105,20 @@ def test_warm_start_rows_cover_both_kinds_per_training_family_and_refuse_heldout
             assert spec["parameters"]["type"] == "object" and "def " in code
     with pytest.raises(ValueError, match="held-out"):
         warm_start_rows(cfg, [tasks.HELDOUT_FAMILIES[0]], 2)
+
+
+def test_warm_start_top_layers_trains_only_the_top_and_unfreezes_after(tmp_path, tiny_model, tiny_tokenizer):
+    import torch
+
+    from llmkit.train.smith.recipe import freeze_below_top_layers, warm_start
+
+    with pytest.raises(ValueError, match="model.layers"):
+        freeze_below_top_layers(torch.nn.Linear(2, 2), 1)
+    before = {n: p.detach().clone() for n, p in tiny_model.named_parameters()}
+    cfg = _cfg(tmp_path, warm_start_steps=2, warm_start_top_layers=1, warm_start_lr=1e-3)
+    warm_start(cfg, tiny_model, tiny_tokenizer, ["gcd", "digit_sum"], tmp_path)
+    changed = {n for n, p in tiny_model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    top = len(tiny_model.model.layers) - 1
+    assert any(f"layers.{top}." in n for n in changed)
+    assert not any("layers.0." in n for n in changed)  # below the top layer: frozen during the warm start
+    assert all(p.requires_grad for p in tiny_model.parameters())  # and trainable again for RL

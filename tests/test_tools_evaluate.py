@@ -68,3 +68,25 @@ def test_cli_build_eval_input_errors(tmp_path, capsys):
     assert "unknown task family 'nope'" in capsys.readouterr().err
     assert main(["tools", "eval", "--pool", str(tmp_path / "missing"), "--user-model", "x"]) == 2
     assert "no such pool" in capsys.readouterr().err
+
+
+def test_local_generator_memoizes_greedy_replies(tiny_model, tiny_tokenizer, monkeypatch):
+    import llmkit.generation as g
+    from llmkit.tools.evaluate import local_generator
+
+    calls = []
+    real = g.generate
+
+    def counting(model, tok, prompts, *a, **kw):
+        calls.append(len(prompts))
+        return real(model, tok, prompts, *a, **kw)
+
+    monkeypatch.setattr(g, "generate", counting)
+    conv = lambda s: [{"role": "user", "content": s}]  # noqa: E731
+    gen = local_generator(tiny_model, tiny_tokenizer, max_new_tokens=3)
+    first = gen([conv("a"), conv("b"), conv("a")])
+    assert calls == [2] and first[0] == first[2]  # the repeated prompt is generated once
+    assert gen([conv("b"), conv("c")]) == [first[1], gen([conv("c")])[0]] and calls == [2, 1]
+    sampled = local_generator(tiny_model, tiny_tokenizer, max_new_tokens=3, temperature=1.0)
+    sampled([conv("a")]), sampled([conv("a")])
+    assert calls == [2, 1, 1, 1]  # sampling is never memoized

@@ -2,7 +2,8 @@
 ``bench/smith.py``).
 
 A *generator* maps a list of chat conversations to one reply each. :func:`local_generator` runs a local model
-(alias, folder or hub id, or an already loaded model) with transformers; :func:`openai_generator` calls any
+(alias, folder or hub id, or an already loaded model) with transformers (greedy replies are memoized per prompt, so
+make a new generator after the model changes); :func:`openai_generator` calls any
 OpenAI-compatible endpoint (``base_url``; the key from ``OPENAI_API_KEY`` if set, since the sandbox never sees
 the host's environment this is safe).
 
@@ -43,10 +44,18 @@ def local_generator(model, tokenizer=None, *, max_new_tokens: int = 256, tempera
 
         model, tokenizer = load(str(model))
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    memo: dict[str, str] = {}
 
     def gen(convs: list[list[dict]]) -> list[str]:
         prompts = [chat_prompt(tokenizer, c) for c in convs]
-        return [c.text for c in generate(model, tokenizer, prompts, params, batch_size=batch_size)]
+        if temperature > 0:
+            return [c.text for c in generate(model, tokenizer, prompts, params, batch_size=batch_size)]
+        # greedy: a prompt asked again (e.g. the no-tool fallback of a family without a pooled tool, in several
+        # conditions) is answered from the memo; the model must not change while this generator is in use
+        todo = list(dict.fromkeys(p for p in prompts if p not in memo))
+        if todo:
+            memo.update(zip(todo, (c.text for c in generate(model, tokenizer, todo, params, batch_size=batch_size))))
+        return [memo[p] for p in prompts]
 
     return gen
 

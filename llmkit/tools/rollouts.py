@@ -148,8 +148,16 @@ def _json_objects(text: str):
             yield obj
 
 
+_SCHEMA_WORDS = {"type", "properties", "required", "description", "items", "additionalProperties", "enum", "title",
+                 "default", "minimum", "maximum"}
+_JSON_TYPES = {"object", "array", "string", "integer", "number", "boolean", "null"}
+
+
 def _is_schema(d) -> bool:
-    return isinstance(d, dict) and ("properties" in d or d.get("type") == "object")
+    """A JSON Schema (what an echo of the tool's ``parameters`` looks like) rather than argument values: only schema
+    keywords, with ``properties`` or a JSON type name as ``type``."""
+    return (isinstance(d, dict) and bool(d) and set(d) <= _SCHEMA_WORDS
+            and ("properties" in d or d.get("type") in _JSON_TYPES))
 
 
 def _as_call(obj: dict) -> dict | None:

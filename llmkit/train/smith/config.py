@@ -52,6 +52,10 @@ class SmithConfig(LlmkitOptimMixin, GRPOConfig):
         "help": "SFT steps on reference-tool traces of the TRAINING families before RL (0 = off). Only training "
                 "families' reference tools are used; held-out families stay unseen"})
     warm_start_lr: float = field(default=5e-5, metadata={"help": "learning rate of the warm start"})
+    warm_start_top_layers: int = field(default=0, metadata={
+        "help": "train only the top N decoder layers (plus the final norm and the output head) during the warm "
+                "start; 0 = all. The backward pass then stops N layers down, which is what makes a warm start fit "
+                "a shared CPU; every parameter trains again in the RL phase"})
     warm_start_use_share: float = field(default=0.67, metadata={
         "help": "share of warm-start traces that are use traces (a call of the family's reference tool in the "
                 "exact <tool_call> format, then the answer); the rest are build traces (spec + code)"})
@@ -64,6 +68,9 @@ class SmithConfig(LlmkitOptimMixin, GRPOConfig):
         "help": "generation budget at evaluation for build replies (a spec + code; the reference tools' traces "
                 "are up to ~230 tokens of the bundled model's tokenizer)"})
     eval_no_tools: bool = field(default=True, metadata={"help": "also evaluate the policy answering without tools"})
+    eval_reference: bool = field(default=True, metadata={
+        "help": "also evaluate the policy calling the reference tools (the use skill alone; reports the call parse "
+                "rate)"})
     eval_before: bool = field(default=False, metadata={"help": "also evaluate the starting model"})
     tiny_model_seed: int = field(default=0, metadata={"help": "seed of the tiny-llama test model"})
 

@@ -120,12 +120,35 @@ def warm_start(cfg: SmithConfig, model, tok, families, out: Path):
 
     rows = warm_start_rows(cfg, list(families),
                            max(cfg.warm_start_steps * cfg.per_device_train_batch_size, len(families)))
+    frozen = freeze_below_top_layers(model, cfg.warm_start_top_layers)
     args = SFTConfig(output_dir=str(out / "warm_start"), max_steps=cfg.warm_start_steps,
                      per_device_train_batch_size=cfg.per_device_train_batch_size, learning_rate=cfg.warm_start_lr,
                      logging_steps=max(1, cfg.warm_start_steps // 5), save_strategy="no", report_to="none",
                      use_cpu=cfg.use_cpu, bf16=cfg.bf16, seed=cfg.seed, max_length=1024)
     SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok).train()
+    for p in frozen:
+        p.requires_grad_(True)
     return model
+
+
+def freeze_below_top_layers(model, top: int) -> list:
+    """Set ``requires_grad=False`` on every parameter except those of the top ``top`` decoder layers, the final norm
+    and the output head (tied input embeddings stay trainable through the head); returns what was frozen. ``top``
+    <= 0 freezes nothing."""
+    if top <= 0:
+        return []
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError("warm_start_top_layers needs a decoder with model.layers (a Llama-style causal LM)")
+    keep = {id(p) for layer in list(layers)[-top:] for p in layer.parameters()}
+    keep |= {id(p) for p in model.get_output_embeddings().parameters()}
+    norm = getattr(model.model, "norm", None)
+    if norm is not None:
+        keep |= {id(p) for p in norm.parameters()}
+    frozen = [p for p in model.parameters() if p.requires_grad and id(p) not in keep]
+    for p in frozen:
+        p.requires_grad_(False)
+    return frozen
 
 
 def evaluate_policy(model, tok, cfg: SmithConfig, out: Path, tag: str) -> dict:
@@ -137,8 +160,8 @@ def evaluate_policy(model, tok, cfg: SmithConfig, out: Path, tag: str) -> dict:
     from llmkit.tools.sandbox import Limits
 
     fams = tasks.names(cfg.eval_families)
-    gen = local_generator(model, tok, max_new_tokens=cfg.eval_max_new_tokens)
-    build_gen = local_generator(model, tok, max_new_tokens=cfg.eval_build_max_new_tokens)
+    gen = local_generator(model, tok, max_new_tokens=cfg.eval_max_new_tokens, batch_size=16)
+    build_gen = local_generator(model, tok, max_new_tokens=cfg.eval_build_max_new_tokens, batch_size=16)
     limits = Limits(timeout=cfg.sandbox_timeout, memory_mb=cfg.sandbox_memory_mb)
     pool = ToolPool(out / f"eval_pool_{tag}")
     built = build_tools(build_gen, fams, pool, examples=cfg.build_examples, checks=cfg.build_checks,
@@ -146,14 +169,15 @@ def evaluate_policy(model, tok, cfg: SmithConfig, out: Path, tag: str) -> dict:
                         unsafe=cfg.unsafe_no_sandbox)
     with_tools = evaluate(gen, fams, pool=pool, n=cfg.eval_n, limits=limits, unsafe=cfg.unsafe_no_sandbox)
     no_tools = evaluate(gen, fams, mode="none", n=cfg.eval_n) if cfg.eval_no_tools else None
-    reference = evaluate(gen, fams, mode="reference", n=cfg.eval_n, limits=limits, unsafe=cfg.unsafe_no_sandbox)
+    reference = (evaluate(gen, fams, mode="reference", n=cfg.eval_n, limits=limits, unsafe=cfg.unsafe_no_sandbox)
+                 if cfg.eval_reference else None)
     print(f"eval {tag}: held-out macro with own tools {with_tools['macro']:.3f}"
-          + f", with the reference tools {reference['macro']:.3f} (call parse rate "
-          + f"{reference['call_parse_rate']:.2f})"
+          + (f", with the reference tools {reference['macro']:.3f} (call parse rate "
+             f"{reference['call_parse_rate']:.2f})" if reference else "")
           + (f", without tools {no_tools['macro']:.3f}" if no_tools else "")
           + f", tools built {sum(b['added'] for b in built.values())}/{len(fams)}")
     return {"with_tools": with_tools, "no_tools": no_tools, "reference_tools": reference,
-            "use_call_parse_rate": reference["call_parse_rate"],
+            "use_call_parse_rate": reference["call_parse_rate"] if reference else None,
             "built": {k: {a: v[a] for a in ("schema", "code", "outcome", "added")} for k, v in built.items()}}
 
 
