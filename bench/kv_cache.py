@@ -82,6 +82,11 @@ DEFAULT_ARM = "inquant/per-token/score"  # what "inquant" means in this bench's 
 CALIBRATION: InQuantCalibration | None = None  # set in main() once calibrated
 
 
+def bytes_ids(tok, n: int) -> torch.Tensor:
+    """``n`` tokens of MATH-500 text (where bytes per token are measured)."""
+    return tok(kve.long_context_text(MATH500, tok, n + 16), return_tensors="pt").input_ids[:, :n]
+
+
 def arm_cache(arm: str, model, group_size: int):
     """``inquant/<layout>/<gate>``: an InQuant cache using the bench's calibration."""
     _, layout, gate = arm.split("/")
@@ -382,7 +387,8 @@ def report(res: dict) -> dict:
         c = res["capacity"]
         for n, v in c["sequences"].items():
             print(f"capacity {n}: {v} sequences of {c['seq_len']} tokens in {c['budget_gib']} GiB of KV cache "
-                  f"({c['bytes_per_token'][n]:.0f} bytes/token{', window at its fullest' if c['window'].get(n) else ''})")
+                  f"({c['bytes_per_token'][n]:.1f} bytes/token held after {res['bytes_len']} tokens"
+                  f"{', plus a full-precision window at its fullest' if c['window'].get(n) else ''})")
         figs["capacity_ratio_vs_bf16"] = round(c["sequences"]["inquant"] / c["sequences"]["bf16"], 3)
         print(f"capacity InQuant ({DEFAULT_ARM}) / bf16: {figs['capacity_ratio_vs_bf16']:.3f}x")
     if "served" in res:
@@ -467,6 +473,8 @@ def main(argv=None) -> int:
     ap.add_argument("--long-tgt", type=int, default=256, help="tokens scored after the long context")
     ap.add_argument("--long-windows", type=int, default=None, help="long-context texts (default 1 quick, 4 full)")
     ap.add_argument("--cap-len", type=int, default=2048, help="sequence length of the capacity figure")
+    ap.add_argument("--bytes-len", type=int, default=512,
+                    help="prefill length at which bytes/token are measured (a multiple of --group-size: whole groups)")
     ap.add_argument("--cap-gib", type=float, default=8.0, help="KV budget (GiB) of the capacity figure")
     ap.add_argument("--serve-n", type=int, default=None, help="requests served at the KV budget (default 12 quick, 32 full)")
     ap.add_argument("--serve-new", type=int, default=None, help="new tokens per served request (default 32 quick, 128 full)")
@@ -504,7 +512,7 @@ def main(argv=None) -> int:
     res: dict = {"model": args.model or "smollm2-135m-instruct", "quick": q, "group_size": args.group_size,
                  "dtype": str(model.dtype), "torch_threads": torch.get_num_threads(),
                  "compress_len": args.compress_len, "shots": args.shots, "ppl_n": ppl_n,
-                 "max_new_tokens": max_new}
+                 "max_new_tokens": max_new, "bytes_len": args.bytes_len}
     if args.part == "all":
         out = ROOT / "bench" / "results" / ("kv_cache_quick.json" if q else "kv_cache.json")
     elif args.part == "core":
@@ -532,17 +540,16 @@ def main(argv=None) -> int:
 
     if "arms" not in skip:
         arms = [f"inquant/{lay}/{g}" for lay in LAYOUTS for g in GATES]
-        long_ids = tok(kve.long_context_text(MATH500, tok, args.long_ctx + 16), return_tensors="pt").input_ids
+        kv = kve.prefill_kv(model, bytes_ids(tok, args.bytes_len))
         per_arm = {}
         for arm in arms:
-            probe = arm_cache(arm, model, args.group_size)
-            with torch.inference_mode():
-                model(long_ids[:, :args.long_ctx], past_key_values=probe, use_cache=True)
+            # the keys/values of a short prefill (whole groups) fix the descriptors and bytes/token
+            probe = kve.fill_cache(arm_cache(arm, model, args.group_size), kv)
             pr = probe.outlier_pairs()
             nb = probe.nbytes()
             per_arm[arm] = {"pairs": pr["k"] + pr["v"], "pairs_k": pr["k"], "pairs_v": pr["v"],
                             "possible": pr["possible"] or 1, "pairs_frac": (pr["k"] + pr["v"]) / (pr["possible"] or 1),
-                            "bytes": nb, "bytes_per_token": nb["total"] / args.long_ctx}
+                            "bytes": nb, "bytes_per_token": nb["total"] / args.bytes_len}
         res["arms"] = {
             "per_arm": per_arm, "bf16_bytes_per_token": kve.bf16_bytes_per_token(model.config),
             "ppl": perplexity(model, tok, test[:ppl_n], prefix, args.group_size, ["bf16", *arms]),
@@ -552,10 +559,10 @@ def main(argv=None) -> int:
         out.write_text(json.dumps(res, indent=2))
 
     if "capacity" not in skip:
-        ids = tok(kve.long_context_text(MATH500, tok, args.cap_len + 16), return_tensors="pt").input_ids[:, :args.cap_len]
+        kv = kve.prefill_kv(model, bytes_ids(tok, args.bytes_len))
         bpt, window = {"bf16": float(kve.bf16_bytes_per_token(model.config))}, {}
         for name in ["inquant", "inquant/per-channel/score", "kivi", "outlier-buffer"]:
-            b = kve.bytes_per_token(model, lambda name=name: make_cache(name, model, args.group_size), ids)
+            b = kve.bytes_per_token(model, lambda name=name: make_cache(name, model, args.group_size), kv=kv)
             bpt[name], window[name] = b["worst"], b["worst"] > b["held"]
         budget = int(args.cap_gib * 2**30)
         res["capacity"] = {"seq_len": args.cap_len, "budget_gib": args.cap_gib, "bytes_per_token": bpt,
@@ -570,8 +577,8 @@ def main(argv=None) -> int:
                                            add_generation_prompt=True) for it in test[:n_req]]
         seq_len = max(len(tok(p_, add_special_tokens=False).input_ids) for p_ in prompts) + n_new
         budget = args.serve_bf16_rows * seq_len * kve.bf16_bytes_per_token(model.config)
-        ids = tok(kve.long_context_text(MATH500, tok, seq_len + 16), return_tensors="pt").input_ids[:, :seq_len]
-        inq_bpt = kve.bytes_per_token(model, lambda: make_cache("inquant", model, args.group_size), ids)["worst"]
+        inq_bpt = kve.bytes_per_token(model, lambda: make_cache("inquant", model, args.group_size),
+                                      kv=kve.prefill_kv(model, bytes_ids(tok, args.bytes_len)))["worst"]
         _, lay, gate = DEFAULT_ARM.split("/")
         factory = cache_factory("inquant", layout=lay, gate=gate, calibration=CALIBRATION, group_size=args.group_size)
         rows = {"bf16": args.serve_bf16_rows, "inquant": kve.capacity(inq_bpt, budget, seq_len)}

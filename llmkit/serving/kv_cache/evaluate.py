@@ -74,13 +74,36 @@ def bf16_bytes_per_token(config) -> int:
 
 
 @torch.inference_mode()
-def bytes_per_token(model, make_cache: Callable, ids: torch.Tensor) -> dict[str, float]:
-    """Prefill ``ids [1, L]`` into ``make_cache()`` and report bytes per token: ``held`` (what the
-    cache holds now, all kinds) and ``worst`` (``held`` with a full-precision window at its
-    fullest, ``group_size - 1`` tokens at 2 bytes per element, amortised over ``L``)."""
+def prefill_kv(model, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per-layer (keys, values) of ``ids`` from one unquantized forward pass."""
+    from transformers import DynamicCache
+
+    ref = DynamicCache(config=model.config)
+    model(ids, past_key_values=ref, use_cache=True)
+    return [(layer.keys, layer.values) for layer in ref.layers]
+
+
+def fill_cache(cache, kv: list[tuple[torch.Tensor, torch.Tensor]]):
+    """Write precomputed per-layer keys/values into ``cache`` (the calls a prefill makes)."""
+    for i, (k, v) in enumerate(kv):
+        cache.update(k, v, i)
+    return cache
+
+
+@torch.inference_mode()
+def bytes_per_token(model, make_cache: Callable, ids: torch.Tensor | None = None,
+                    kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> dict[str, float]:
+    """Prefill ``ids [1, L]`` (or write ``kv`` from :func:`prefill_kv`) into ``make_cache()`` and
+    report bytes per token: ``held`` (what the cache holds now, all kinds) and ``worst``
+    (``held`` with a full-precision window at its fullest, ``group_size - 1`` tokens at 2 bytes
+    per element, amortised over ``L``)."""
     cache = make_cache()
-    model(ids, past_key_values=cache, use_cache=True)
-    L = ids.shape[1]
+    if kv is None:
+        model(ids, past_key_values=cache, use_cache=True)
+        L = ids.shape[1]
+    else:
+        fill_cache(cache, kv)
+        L = kv[0][0].shape[-2]
     nb = cache.nbytes()
     held = (nb["total"] - nb.get("window", 0)) / L
     window_tokens = 0
