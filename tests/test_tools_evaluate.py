@@ -82,7 +82,7 @@ def test_local_generator_memoizes_greedy_replies(tiny_model, tiny_tokenizer, mon
         return real(model, tok, prompts, *a, **kw)
 
     monkeypatch.setattr(g, "generate", counting)
-    conv = lambda s: [{"role": "user", "content": s}]  # noqa: E731
+    conv = lambda s: [{"role": "user", "content": s}]
     gen = local_generator(tiny_model, tiny_tokenizer, max_new_tokens=3)
     first = gen([conv("a"), conv("b"), conv("a")])
     assert calls == [2] and first[0] == first[2]  # the repeated prompt is generated once

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -50,7 +49,7 @@ def test_attacks_fail_for_the_right_reason(outcomes):
     assert outcomes["infinite_loop"].result.timed_out
     n, err = outcomes["fill_disk"].result.value
     assert err is not None and n <= 40  # stopped by the tmpfs size / RLIMIT_FSIZE (32 MiB, 16 MiB)
-    env, raw = outcomes["read_env"].result.value
+    env, _raw = outcomes["read_env"].result.value
     assert set(env) <= {"PATH", "HOME", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "PWD", "LC_CTYPE"}
     assert not outcomes["memory_bomb"].result.ok
     assert len(outcomes["gigabytes_of_output"].result.stdout) <= LIMITS.output_bytes
@@ -93,7 +92,7 @@ def test_cli_exec_as_a_process(tmp_path):
     code = tmp_path / "tool.py"
     code.write_text("def f(a, b):\n    return a - b\n")
     p = subprocess.run([sys.executable, "-m", "llmkit.cli", "tools", "exec", "--code", str(code), "--function", "f",
-                        "--args", "[5, 3]"], capture_output=True, text=True, timeout=120, cwd="/tmp")
+                        "--args", "[5, 3]"], check=False, capture_output=True, text=True, timeout=120, cwd="/tmp")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout.strip().splitlines()[-1])["value"] == 2
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from llmkit.rewards.correctness import completion_text
 from llmkit.tools import sandbox, tasks

@@ -7,7 +7,7 @@ procedural task suite (:mod:`llmkit.tools.tasks`).
 
 from llmkit.tools import sandbox
 
-__all__ = ["sandbox", "ToolSpec", "ToolPool", "tasks"]
+__all__ = ["ToolPool", "ToolSpec", "sandbox", "tasks"]
 
 
 def __getattr__(name):

@@ -68,7 +68,7 @@ class _Host:
         while not self._stop:
             try:
                 conn, _ = self.server.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             self.accepted += 1
             conn.settimeout(0.5)
@@ -109,7 +109,7 @@ def _host_processes_with(marker: str) -> list[int]:
 
 def _attacks(h: _Host) -> list[tuple[str, str, dict, callable]]:
     """(name, code defining f, kwargs, extra host check returning an error string or '')."""
-    none = lambda r: ""  # noqa: E731
+    none = lambda r: ""
     return [
         ("read_host_tmp", """
 def f(paths):

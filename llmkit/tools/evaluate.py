@@ -21,7 +21,7 @@ the host's environment this is safe).
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from tqdm.auto import tqdm
 

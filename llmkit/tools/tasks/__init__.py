@@ -22,14 +22,22 @@ from __future__ import annotations
 import random
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable
 
 from llmkit.tools.spec import ToolSpec
 
-__all__ = ["Instance", "Family", "FAMILIES", "TRAIN_FAMILIES", "HELDOUT_FAMILIES", "get", "names",
-           "EVAL_SEED_OFFSET"]
+__all__ = [
+    "EVAL_SEED_OFFSET",
+    "FAMILIES",
+    "HELDOUT_FAMILIES",
+    "TRAIN_FAMILIES",
+    "Family",
+    "Instance",
+    "get",
+    "names",
+]
 
 # instances for evaluation and for verifying built tools come from seeds >= this; training prompts from below
 EVAL_SEED_OFFSET = 1_000_000
@@ -123,8 +131,9 @@ def _rg(name: str, extract: Callable[[dict], tuple[dict, str]]):
     return make
 
 
-_WORDS = ("apple river stone cloud light music paper green quiet sugar window bridge forest candle silver "
-          "garden little orange planet winter summer yellow castle number simple rocket mirror dragon").split()
+_WORDS = ["apple", "river", "stone", "cloud", "light", "music", "paper", "green", "quiet", "sugar", "window",
+          "bridge", "forest", "candle", "silver", "garden", "little", "orange", "planet", "winter", "summer",
+          "yellow", "castle", "number", "simple", "rocket", "mirror", "dragon"]
 
 
 def _caesar(seed: int, n: int):
