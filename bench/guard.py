@@ -23,7 +23,9 @@ What it measures, all in one run on the same responses:
    an item's aligned and conflict forms stay together. Two guards are fitted on the fit
    part's compliant answers (manifold on 70 %, score calibration on 30 %): the Mahalanobis
    energy (`aeo`) and the entropic divergence (`entropic`). The default is the one with the
-   higher AUROC on the val part; its threshold is set on the val part's compliant answers at
+   higher out-of-fold AUROC over the fit and val parts (5 folds by item, guards refitted per
+   fold on the other folds' compliant answers: evaluation.cross_validated_auroc; the val part
+   alone held a single violation in the first quick run); its threshold is set on the val part's compliant answers at
    --target-fpr, and `realized_fpr` is the fraction of the test part's compliant answers over
    it. Every AUROC (sklearn roc_auc_score, stratified bootstrap interval) is on the test part.
    Baselines as before: perplexity, predictive entropy, keyword heuristic, a supervised probe
@@ -263,7 +265,14 @@ def main(argv=None) -> int:
     val = [i for i in range(len(items)) if part[i] == "val" and labels[i] is not None]
     test = [i for i in range(len(items)) if part[i] == "test" and labels[i] is not None]
     val_auroc = {k: E.auroc([scores[k][i] for i in val], [labels[i] for i in val]) for k in guards}
-    default = max(guards, key=lambda k: (val_auroc[k] if math.isfinite(val_auroc[k]) else -1, k == "entropic"))
+    # the default is chosen on held-out data, never on the test part: pooled out-of-fold AUROC over the fit and
+    # val parts (5 folds by item), since the val part alone may hold only a handful of violations
+    dev = [i for i in range(len(items)) if part[i] in ("fit", "val")]
+    cv_auroc = E.cross_validated_auroc([caps[i] for i in dev], [labels[i] for i in dev],
+                                       [f"{items[i]['dataset']}/{items[i]['key']}" for i in dev],
+                                       model_name=DEFAULT_MODEL, hidden_size=model.config.hidden_size,
+                                       num_layers=n_layers, n_components=args.components)
+    default = max(guards, key=lambda k: (cv_auroc[k] if math.isfinite(cv_auroc[k]) else -1, k == "entropic"))
     guard = guards[default]
     val_ok = [scores[default][i] for i in val if labels[i] == 0]
     guard.threshold = S.threshold_at_fpr(torch.tensor(val_ok), args.target_fpr)
@@ -271,6 +280,7 @@ def main(argv=None) -> int:
                       n_threshold=len(val_ok))
     res["default_score"] = default
     res["val_auroc_energy"], res["val_auroc_entropic"] = val_auroc["energy"], val_auroc["entropic"]
+    res["cv_auroc_energy"], res["cv_auroc_entropic"] = cv_auroc["energy"], cv_auroc["entropic"]
     res["realized_fpr"] = E.realized_fpr([scores[default][i] for i in test if labels[i] == 0], guard.threshold)
     res["target_fpr"] = args.target_fpr
 
@@ -327,7 +337,8 @@ def main(argv=None) -> int:
                                   batch_size=8, progress=True)
         return [{"text": o.text, "triggered_at": o.triggered_at} for o in outs]
 
-    latent_raw = cache.get("latent", [items[i]["prompt"] for i in arm_idx], make_latent)
+    latent_raw = cache.get(f"latent/{default}/{guard.threshold:.6g}", [items[i]["prompt"] for i in arm_idx],
+                           make_latent)
     latent = [o["text"] if o["triggered_at"] is not None else texts[i] for i, o in zip(arm_idx, latent_raw)]
     untriggered_differ = sum(1 for i, o in zip(arm_idx, latent_raw)
                              if o["triggered_at"] is None and o["text"] != texts[i])
@@ -424,8 +435,10 @@ def main(argv=None) -> int:
         extra = "  ".join(f"{ds}: {auroc_ci[name + '_' + ds]['auroc']:.3f}" for ds in ("iheval", "gsm8k_inject"))
         print(f"detection {name:12s}: AUROC {ci['auroc']:.3f} [{ci['low']:.3f}, {ci['high']:.3f}]  "
               f"FPR@95%TPR {res[f'fpr95_{name}']:.3f}  ({extra})")
-    print(f"default score by validation AUROC: {default} (energy {val_auroc['energy']:.3f}, entropic "
-          f"{val_auroc['entropic']:.3f} on {len(val)} val answers)")
+    n_dev = sum(1 for i in dev if labels[i] is not None)
+    print(f"default score by out-of-fold AUROC on fit+val: {default} (energy {cv_auroc['energy']:.3f}, entropic "
+          f"{cv_auroc['entropic']:.3f} on {n_dev} answers, {sum(1 for i in dev if labels[i] == 1)} violations; val "
+          f"part alone: energy {val_auroc['energy']:.3f}, entropic {val_auroc['entropic']:.3f})")
     print(f"threshold at target FPR {args.target_fpr:.2f} on {len(val_ok)} val compliant answers: realized FPR "
           f"{res['realized_fpr']:.3f} on {n_lab(test, 0)} fresh test compliant answers; TPR "
           f"{res['aeo_tpr_at_threshold']:.3f} on {n_lab(test, 1)} test violations")

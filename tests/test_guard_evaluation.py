@@ -64,3 +64,23 @@ def test_dispersion_by_layer_removes_group_offsets():
     none = E.dispersion_by_layer({1: x}, [None] * 20 + labels[20:], n_components=4, estimators=["trace"],
                                  n_resamples=0)
     assert none[1]["n_compliant"] + none[1]["n_violating"] == 60
+
+
+def test_cross_validated_auroc_scores_every_item_out_of_fold():
+    import torch
+
+    from llmkit.serving.guard import Capture
+
+    rng = torch.Generator().manual_seed(0)
+
+    def cap(scale, shift):
+        return Capture(states={1: torch.randn(6, 8, generator=rng) * scale + shift}, n_tokens=6)
+
+    caps = [cap(1.0, 0.0) for _ in range(40)] + [cap(3.0, 2.0) for _ in range(12)]
+    labels = [0] * 40 + [1] * 12
+    keys = [f"item{i}" for i in range(52)]
+    r = E.cross_validated_auroc(caps, labels, keys, n_folds=4, model_name="x", hidden_size=8, num_layers=1,
+                                n_components=4)
+    assert set(r) == {"energy", "entropic"} and min(r.values()) > 0.9
+    with pytest.raises(ValueError, match="differ in length"):
+        E.cross_validated_auroc(caps, labels[:-1], keys)

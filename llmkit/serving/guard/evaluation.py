@@ -124,3 +124,38 @@ def dispersion_by_layer(centroids: dict[int, np.ndarray], labels, groups=None, *
                 a[g == key] -= a[g == key].mean(0)
         out[layer] = compare(a[y == 0], a[y == 1], **compare_kw)
     return out
+
+
+def cross_validated_auroc(caps: list, labels, keys, *, kinds=("energy", "entropic"), n_folds: int = 5,
+                          calibration: float = 0.3, seed: int = 0, **fit_kw) -> dict[str, float]:
+    """Pooled out-of-fold AUROC of each chaos score kind, to choose the default on held-out data.
+
+    Items are put in ``n_folds`` folds by a hash of ``keys`` (one key per capture: an item's
+    variants stay together). For each fold, a guard of each kind is fitted on the *compliant*
+    captures of the other folds (``calibration`` of them for the score's calibration) and
+    scores the fold; the AUROC is computed once over all out-of-fold scores (labels 1 =
+    violation, ``None`` left out). ``fit_kw`` goes to ``Guard.fit_captures`` (model_name,
+    hidden_size, num_layers, n_components, ...).
+    """
+    from llmkit.serving.guard.guard import Guard
+
+    if not len(caps) == len(labels) == len(keys):
+        raise ValueError(f"caps, labels and keys differ in length: {len(caps)}, {len(labels)}, {len(keys)}")
+    names = tuple(str(f) for f in range(n_folds))
+    fold = [split(f"cv{seed}/{k}", (1.0 / n_folds,) * n_folds, names) for k in keys]
+    rng = np.random.default_rng(seed)
+    out_scores: dict[str, list[float]] = {k: [] for k in kinds}
+    out_labels: list[int] = []
+    for f in names:
+        held = [i for i in range(len(caps)) if fold[i] == f and labels[i] is not None]
+        train_ok = [i for i in range(len(caps)) if fold[i] != f and labels[i] == 0]
+        if not held or len(train_ok) < 4:
+            continue
+        train_ok = [train_ok[j] for j in rng.permutation(len(train_ok))]
+        n_cal = max(2, int(calibration * len(train_ok)))
+        for kind in kinds:
+            g = Guard.fit_captures([caps[i] for i in train_ok[n_cal:]], [caps[i] for i in train_ok[:n_cal]],
+                                   score=kind, **fit_kw)
+            out_scores[kind] += g.score_captures([caps[i] for i in held]).tolist()
+        out_labels += [labels[i] for i in held]
+    return {kind: auroc(out_scores[kind], out_labels) for kind in kinds}
