@@ -8,13 +8,17 @@ Conditions (held-out families only; none of them is seen in training):
   no_tools            the base model answers the questions directly
   reference_tools     the base model calls our reference tool for each family (ground-truth tools)
   warm_reference_tools  the warm-started policy (before GRPO) calls the reference tools: did the warm start teach
-                      the call format? (``use_call_parse_rate*``: share of replies holding a parseable call)
+                      the call format? (full run only; ``use_call_parse_rate*``: share of replies holding a
+                      parseable call; the quick run measures it on the base model and after warm start + GRPO)
   untrained_writer    the base model writes a tool per family from K examples (inference-time tool making), then
                       answers with it
   smith               warm start (SFT on reference traces of the TRAINING families, documented) + SMITH GRPO with
                       the three axes normalized separately; the trained policy writes the tools and answers
   combined_reward     the same, with schema+code+outcome summed into one scalar before the advantage (ablation)
   student_*           the frozen base model answers with tools written by the trained policy / the untrained writer
+Warm start (documented deviation, training families only): SFT on reference-tool traces, two thirds use traces
+(the exact <tool_call> JSON + answer), one third build traces (spec + code); --quick trains only the top 10 layers
+for 6 steps of 4 traces, because a full backward pass does not fit the shared CPU.
 Families without a verified tool fall back to answering without one (so a writer that makes no tool scores like
 no_tools). Sandbox: p50/p95 ms per call against an unconfined subprocess running the same runner (the anchor), and
 the attack set of llmkit.tools.attacks (escapes must be 0).
