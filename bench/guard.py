@@ -48,8 +48,8 @@ What it measures, all in one run on the same responses:
    a time, alternately to each: `latency_ratio` and `cpu_ratio` (guard / plain). In-process:
    the guard's whole pass vs its prompt part and response part (`latency_ratio_prompt_hidden_est`).
 
-Sizes. `--quick`: 10 IHEval items per variant file (prompts <= 400 tokens), 48 GSM8K
-questions (96 answers), 24 new tokens, 4 latency requests. Full: 40 items per file (prompts <=
+Sizes. `--quick`: 10 IHEval items per variant file (prompts <= 400 tokens), 64 GSM8K
+questions (128 answers), 24 new tokens, 4 latency requests. Full: 40 items per file (prompts <=
 768 tokens), 160 GSM8K questions, 64 new tokens, 8 latency requests. "Every IHEval sample"
 (the issue's full run) is thousands of generations per arm: hours on this shared 2-core CPU,
 so neither size is that. `--responses-cache` keeps every generated text (per arm), so a run
@@ -80,7 +80,7 @@ def parse_args(argv=None):
     p.add_argument("--data", default=None, help="IHEval benchmark folder (default ../shared/data/iheval/benchmark)")
     p.add_argument("--gsm8k", default="../shared/data/gsm8k/test.jsonl", help="GSM8K jsonl for the injection set")
     p.add_argument("--limit", type=int, default=None, help="IHEval items per variant file (quick 10, full 40)")
-    p.add_argument("--gsm8k-questions", type=int, default=None, help="GSM8K questions (quick 48, full 160)")
+    p.add_argument("--gsm8k-questions", type=int, default=None, help="GSM8K questions (quick 64, full 160)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="quick 24, full 64")
     p.add_argument("--tasks", default=None, help="comma-separated IHEval tasks")
     p.add_argument("--max-prompt-tokens", type=int, default=None,
@@ -102,27 +102,29 @@ def parse_args(argv=None):
 
 
 class TextCache:
-    """Generated texts per arm, keyed by the configuration and the prompts (resumable runs)."""
+    """Generated values per arm and prompt, keyed by the configuration (resumable runs; new prompts only)."""
 
     def __init__(self, path, key: dict):
         self.path, self.key = (Path(path) if path else None), key
-        self.data = {}
+        self.data: dict[str, dict[str, object]] = {}
         if self.path and self.path.is_file():
             stored = json.loads(self.path.read_text())
-            if stored.get("key") == key:
+            if stored.get("key") == key and stored.get("version") == 2:
                 self.data = stored.get("arms", {})
 
     def get(self, arm: str, prompts: list[str], make):
-        h = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
-        hit = self.data.get(arm)
-        if hit and hit["prompts"] == h:
-            print(f"# {arm}: {len(prompts)} texts read from {self.path}", flush=True)
-            return hit["value"]
-        value = make()
-        self.data[arm] = {"prompts": h, "value": value}
-        if self.path:
-            self.path.write_text(json.dumps({"key": self.key, "arms": self.data}) + "\n")
-        return value
+        """Values for ``prompts``; ``make(missing_prompts)`` produces those not stored yet."""
+        store = self.data.setdefault(arm, {})
+        hs = [hashlib.sha256(p.encode()).hexdigest() for p in prompts]
+        missing = sorted({h: p for h, p in zip(hs, prompts) if h not in store}.items())
+        if missing:
+            for (h, _), v in zip(missing, make([p for _, p in missing])):
+                store[h] = v
+            if self.path:
+                self.path.write_text(json.dumps({"key": self.key, "version": 2, "arms": self.data}) + "\n")
+        if len(missing) < len(prompts):
+            print(f"# {arm}: {len(prompts) - len(missing)} of {len(prompts)} read from {self.path}", flush=True)
+        return [store[h] for h in hs]
 
 
 def generate_sorted(engine, prompts, params, progress=True):
@@ -170,7 +172,7 @@ def main(argv=None) -> int:
     threads = args.threads or 1
     torch.set_num_threads(threads)
     limit = args.limit or (10 if args.quick else 40)
-    n_gsm = args.gsm8k_questions or (48 if args.quick else 160)
+    n_gsm = args.gsm8k_questions or (64 if args.quick else 160)
     max_new = args.max_new_tokens or (24 if args.quick else 64)
     tasks = args.tasks.split(",") if args.tasks else TASKS
     n_lat = args.latency_requests or (4 if args.quick else 8)
@@ -208,7 +210,7 @@ def main(argv=None) -> int:
                                              "alpha": args.alpha, "min_tokens": args.min_tokens,
                                              "components": args.components, "target_fpr": args.target_fpr})
     prompts = [it["prompt"] for it in items]
-    texts = cache.get("base", prompts, lambda: generate_sorted(engine, prompts, params))
+    texts = cache.get("base", prompts, lambda ps: generate_sorted(engine, ps, params))
     stamp("responses ready")
 
     def grade(it, text) -> dict:
@@ -324,7 +326,7 @@ def main(argv=None) -> int:
     arm_idx = ih_test_all
     arm_msgs = [items[i]["messages"] for i in arm_idx]
     regen_prompts = [engine.chat_prompt(reasserted(m, tok)) for m in arm_msgs]
-    regen = cache.get("always_regenerate", regen_prompts, lambda: generate_sorted(engine, regen_prompts, params))
+    regen = cache.get("always_regenerate", regen_prompts, lambda ps: generate_sorted(engine, ps, params))
     regen_caps = capture(model, tok, [[*m, {"role": "assistant", "content": t}] for m, t in zip(arm_msgs, regen)],
                          layers, batch_size=8)
     regen_scores = guard.score_captures(regen_caps).tolist()
@@ -332,9 +334,11 @@ def main(argv=None) -> int:
     reprompt = [r if (f and rs < ds_scores[i]) else texts[i]
                 for i, f, r, rs in zip(arm_idx, flagged, regen, regen_scores)]
 
-    def make_latent():
-        outs = generate_rectified(model, tok, guard, arm_msgs, params, alpha=args.alpha, min_tokens=args.min_tokens,
-                                  batch_size=8, progress=True)
+    by_prompt = {items[i]["prompt"]: items[i]["messages"] for i in arm_idx}
+
+    def make_latent(ps):
+        outs = generate_rectified(model, tok, guard, [by_prompt[p] for p in ps], params, alpha=args.alpha,
+                                  min_tokens=args.min_tokens, batch_size=8, progress=True)
         return [{"text": o.text, "triggered_at": o.triggered_at} for o in outs]
 
     latent_raw = cache.get(f"latent/{default}/{guard.threshold:.6g}", [items[i]["prompt"] for i in arm_idx],
