@@ -548,7 +548,8 @@ def main(argv=None) -> int:
             pr = probe.outlier_pairs()
             nb = probe.nbytes()
             per_arm[arm] = {"pairs": pr["k"] + pr["v"], "pairs_k": pr["k"], "pairs_v": pr["v"],
-                            "possible": pr["possible"] or 1, "pairs_frac": (pr["k"] + pr["v"]) / (pr["possible"] or 1),
+                            "possible": pr["possible"],
+                            "pairs_frac": (pr["k"] + pr["v"]) / pr["possible"] if pr["possible"] else 0.0,
                             "bytes": nb, "bytes_per_token": nb["total"] / args.bytes_len}
         res["arms"] = {
             "per_arm": per_arm, "bf16_bytes_per_token": kve.bf16_bytes_per_token(model.config),
