@@ -28,6 +28,8 @@ Figures (each measured against its anchor in the same run):
   into a fresh layer (InQuant includes its saliency sampling and descriptor build) and
   dequantized once; PyTorch CPU path; ratio outlier-buffer time / InQuant time.
 - decode tokens/s with each cache vs the unquantized cache (``generate``, greedy).
+- "inquant" in the figures above means ``DEFAULT_ARM`` (per-token groups, score gate, the bench's
+  calibration), the configuration the arms below found best on this model.
 - InQuant arms (issue 23): the model is calibrated once on GSM8K *train* texts (disjoint from the
   few-shot exemplars and test problems; ``llmkit.serving.kv_cache.calibrate``, saved beside the
   model as ``inquant_calibration.safetensors`` and reused). For each key/value layout (per-channel
@@ -201,14 +203,13 @@ def accuracy(model, tok, items, names, group_size, max_new_tokens, batch_size, s
     ``ok`` (problem ``start + i``) so parts can be merged."""
     from llmkit.engines.hf import HFEngine
     from llmkit.generation import GenerationParams
-    from llmkit.serving.kv_cache import cache_factory
 
     prompts = [tok.apply_chat_template([{"role": "user", "content": it["question"]}], tokenize=False,
                                        add_generation_prompt=True) for it in items]
     gold = [it["answer"].split("####")[-1].strip().replace(",", "") for it in items]
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=0.0)
     engines = {name: HFEngine(model, tok, batch_size=batch_size,
-                              cache_factory=None if name == "bf16" else cache_factory(name, group_size=group_size))
+                              cache_factory=None if name == "bf16" else (lambda m, name=name: make_cache(name, m, group_size)))
                for name in names}
     out = {"start": start, "ok": {n: [] for n in names}, "seconds": {n: 0.0 for n in names}}
     t_start, slowest = time.perf_counter(), 0.0
