@@ -239,3 +239,31 @@ def test_cache_refuses_bad_settings(tmp_path):
     other = calibrate(tiny_llama(vocab_size=64, num_layers=3), [torch.randint(3, 64, (40,))], sample_tokens=32)
     with pytest.raises(ValueError, match="calibration has 3 layers, the model 2"):
         InQuantCache(cfg, calibration=other)
+
+
+@pytest.mark.bundled
+@pytest.mark.slow
+@torch.inference_mode()
+def test_bundled_model_keeps_outlier_pairs_and_they_help(bundled, shared_data):
+    """On SmolLM2 the first pass's gate kept 0 pairs; the calibrated score gate keeps some, per head,
+    and with per-token groups they bring the logits closer to the unquantized model's."""
+    import json
+
+    model, tok = bundled
+    rows = [json.loads(x) for x in (shared_data / "gsm8k" / "train.jsonl").read_text().splitlines()[200:204]]
+    texts = [f"Question: {r['question']}\nAnswer: {r['answer']}" for r in rows]
+    cal = calibrate(model, texts, tok, max_len=256, sample_tokens=256)
+    score = InQuantCache(model.config, layout="per-token", calibration=cal)
+    ratio = InQuantCache(model.config, layout="per-token", calibration=cal, gate="ratio")
+    none = InQuantCache(model.config, layout="per-token", n_outliers=0)
+    ids = tok(" ".join(r["answer"] for r in rows[:2]) * 2, return_tensors="pt").input_ids[:, :160]
+    ref = model(ids).logits
+    errs = {}
+    for name, cache in (("score", score), ("ratio", ratio), ("none", none)):
+        model(ids[:, :128], past_key_values=cache, use_cache=True)
+        errs[name] = (model(ids[:, 128:], past_key_values=cache, use_cache=True).logits - ref[:, 128:]).pow(2).mean()
+    pairs = score.outlier_pairs()
+    assert pairs["k"] > 0 and ratio.outlier_pairs()["k"] == 0
+    per_head = torch.stack([layer.descriptors["k"].pairs_per_head for layer in score.layers])
+    assert len(set(per_head.flatten().tolist())) > 1  # heads decide for themselves
+    assert errs["score"] < errs["none"], errs
