@@ -387,9 +387,10 @@ def report(res: dict) -> dict:
     if "capacity" in res:
         c = res["capacity"]
         for n, v in c["sequences"].items():
+            w = c["window_bytes"].get(n, 0)
+            extra = f", plus a {w / 2**20:.2f} MiB full-precision window per sequence" if w else ""
             print(f"capacity {n}: {v} sequences of {c['seq_len']} tokens in {c['budget_gib']} GiB of KV cache "
-                  f"({c['bytes_per_token'][n]:.1f} bytes/token held after {res['bytes_len']} tokens"
-                  f"{', plus a full-precision window at its fullest' if c['window'].get(n) else ''})")
+                  f"({c['bytes_per_token'][n]:.1f} bytes/token held after {res['bytes_len']} tokens{extra})")
         figs["capacity_ratio_vs_bf16"] = round(c["sequences"]["inquant"] / c["sequences"]["bf16"], 3)
         print(f"capacity InQuant ({DEFAULT_ARM}) / bf16: {figs['capacity_ratio_vs_bf16']:.3f}x")
     if "served" in res:
@@ -562,14 +563,14 @@ def main(argv=None) -> int:
 
     if "capacity" not in skip:
         kv = kve.prefill_kv(model, bytes_ids(tok, args.bytes_len))
-        bpt, window = {"bf16": float(kve.bf16_bytes_per_token(model.config))}, {}
+        bpt, window = {"bf16": float(kve.bf16_bytes_per_token(model.config))}, {"bf16": 0}
         for name in ["inquant", "inquant/per-channel/score", "kivi", "outlier-buffer"]:
             b = kve.bytes_per_token(model, lambda name=name: make_cache(name, model, args.group_size), kv=kv)
-            bpt[name], window[name] = b["worst"], b["worst"] > b["held"]
+            bpt[name], window[name] = b["held"], b["window_bytes"]
         budget = int(args.cap_gib * 2**30)
         res["capacity"] = {"seq_len": args.cap_len, "budget_gib": args.cap_gib, "bytes_per_token": bpt,
-                           "window": window,
-                           "sequences": {n: kve.capacity(b, budget, args.cap_len) for n, b in bpt.items()}}
+                           "window_bytes": window,
+                           "sequences": {n: kve.capacity(b, budget, args.cap_len, window[n]) for n, b in bpt.items()}}
 
     if "serve" not in skip:
         from llmkit.serving.kv_cache import cache_factory
@@ -579,11 +580,11 @@ def main(argv=None) -> int:
                                            add_generation_prompt=True) for it in test[:n_req]]
         seq_len = max(len(tok(p_, add_special_tokens=False).input_ids) for p_ in prompts) + n_new
         budget = args.serve_bf16_rows * seq_len * kve.bf16_bytes_per_token(model.config)
-        inq_bpt = kve.bytes_per_token(model, lambda: make_cache("inquant", model, args.group_size),
-                                      kv=kve.prefill_kv(model, bytes_ids(tok, args.bytes_len)))["worst"]
+        inq = kve.bytes_per_token(model, lambda: make_cache("inquant", model, args.group_size),
+                                  kv=kve.prefill_kv(model, bytes_ids(tok, args.bytes_len)))
         _, lay, gate = DEFAULT_ARM.split("/")
         factory = cache_factory("inquant", layout=lay, gate=gate, calibration=CALIBRATION, group_size=args.group_size)
-        rows = {"bf16": args.serve_bf16_rows, "inquant": kve.capacity(inq_bpt, budget, seq_len)}
+        rows = {"bf16": args.serve_bf16_rows, "inquant": kve.capacity(inq["held"], budget, seq_len, inq["window_bytes"])}
         served = {}
         for name in ("bf16", "inquant"):
             served[name] = kve.served_throughput(model, tok, prompts, n_new, rows[name],

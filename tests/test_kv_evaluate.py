@@ -30,13 +30,14 @@ def test_bytes_per_token_and_capacity(tiny_model):
     assert bf16 == 2 * 2 * 2 * 2 * 16  # K+V, 2 bytes, 2 layers, 2 kv-heads, head_dim 16
     tok = kve.bytes_per_token(tiny_model, lambda: InQuantCache(tiny_model.config, layout="per-token", n_outliers=0), ids)
     # per token and kv-head: 8 packed bytes + bf16 scale and zero; no window
-    assert tok["held"] == tok["worst"] == 2 * 2 * 2 * (8 + 4)
+    assert tok["held"] == 2 * 2 * 2 * (8 + 4) and tok["window_bytes"] == 0
     via_kv = kve.bytes_per_token(tiny_model, lambda: InQuantCache(tiny_model.config, layout="per-token", n_outliers=0),
                                  kv=kve.prefill_kv(tiny_model, ids))
     assert via_kv == tok  # writing a prefill's keys/values holds what the prefill itself stores
     ch = kve.bytes_per_token(tiny_model, lambda: InQuantCache(tiny_model.config, group_size=32, n_outliers=0), ids)
-    assert ch["worst"] == pytest.approx(ch["held"] + 31 * bf16 / 64)
+    assert ch["window_bytes"] == 31 * bf16
     assert kve.capacity(tok["held"], 2**20, 1024) == 2**20 // (tok["held"] * 1024)
+    assert kve.capacity(ch["held"], 2**20, 1024, ch["window_bytes"]) == 2**20 // (ch["held"] * 1024 + 31 * bf16)
     assert kve.capacity(bf16, 2**20, 1024) * 2 < kve.capacity(tok["held"], 2**20, 1024)
     with pytest.raises(ValueError, match="positive"):
         kve.capacity(0, 2**20, 10)

@@ -9,8 +9,8 @@ Used by ``bench/kv_cache.py`` (and tested on tiny models):
 - :func:`long_context_text`: a text of at least ``min_tokens`` tokens built by concatenating
   MATH-500 problems and reference solutions (another domain than the GSM8K calibration texts).
 - :func:`bytes_per_token` and :func:`capacity`: how many concurrent sequences of a given length
-  fit a fixed KV budget, from the bytes a cache actually holds after a prefill (plus, for caches
-  with a full-precision window, the window at its fullest, so the figure holds at any length).
+  fit a fixed KV budget, from the bytes a cache actually holds per token after a prefill plus,
+  per sequence, a full-precision window at its fullest (caches that have one).
 """
 
 from __future__ import annotations
@@ -93,10 +93,11 @@ def fill_cache(cache, kv: list[tuple[torch.Tensor, torch.Tensor]]):
 @torch.inference_mode()
 def bytes_per_token(model, make_cache: Callable, ids: torch.Tensor | None = None,
                     kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> dict[str, float]:
-    """Prefill ``ids [1, L]`` (or write ``kv`` from :func:`prefill_kv`) into ``make_cache()`` and
-    report bytes per token: ``held`` (what the cache holds now, all kinds) and ``worst``
-    (``held`` with a full-precision window at its fullest, ``group_size - 1`` tokens at 2 bytes
-    per element, amortised over ``L``)."""
+    """Prefill ``ids [1, L]`` (or write ``kv`` from :func:`prefill_kv`) into ``make_cache()`` with
+    ``L`` a multiple of the group size, and report ``held`` (bytes per token the quantized store
+    holds, all kinds, the full-precision window left out) and ``window_bytes`` (per sequence: a
+    full-precision window at its fullest, ``group_size - 1`` tokens at 2 bytes per element; 0
+    for caches without a window)."""
     cache = make_cache()
     if kv is None:
         model(ids, past_key_values=cache, use_cache=True)
@@ -106,20 +107,17 @@ def bytes_per_token(model, make_cache: Callable, ids: torch.Tensor | None = None
         L = kv[0][0].shape[-2]
     nb = cache.nbytes()
     held = (nb["total"] - nb.get("window", 0)) / L
-    window_tokens = 0
-    for layer in cache.layers:
-        g = getattr(layer, "group_size", 1)
-        window_tokens = max(window_tokens, g - 1)
-    worst = held + window_tokens * bf16_bytes_per_token(model.config) / L
-    return {"held": held, "worst": worst, "tokens": L}
+    window_tokens = max((getattr(layer, "group_size", 1) - 1 for layer in cache.layers), default=0)
+    return {"held": held, "window_bytes": window_tokens * bf16_bytes_per_token(model.config), "tokens": L}
 
 
-def capacity(bytes_per_tok: float, budget_bytes: int, seq_len: int) -> int:
-    """Concurrent sequences of ``seq_len`` tokens that fit ``budget_bytes`` of KV cache."""
-    if bytes_per_tok <= 0 or seq_len <= 0 or budget_bytes <= 0:
-        raise ValueError(f"capacity needs positive bytes/token, length and budget, got {bytes_per_tok}, "
-                         f"{seq_len}, {budget_bytes}")
-    return math.floor(budget_bytes / (bytes_per_tok * seq_len))
+def capacity(bytes_per_tok: float, budget_bytes: int, seq_len: int, window_bytes: float = 0.0) -> int:
+    """Concurrent sequences of ``seq_len`` tokens that fit ``budget_bytes`` of KV cache, each
+    holding ``bytes_per_tok`` per token plus ``window_bytes`` (a full-precision window)."""
+    if bytes_per_tok <= 0 or seq_len <= 0 or budget_bytes <= 0 or window_bytes < 0:
+        raise ValueError(f"capacity needs positive bytes/token, length and budget (and window bytes >= 0), got "
+                         f"{bytes_per_tok}, {seq_len}, {budget_bytes}, {window_bytes}")
+    return math.floor(budget_bytes / (bytes_per_tok * seq_len + window_bytes))
 
 
 def served_throughput(model, tokenizer, prompts: list[str], max_new_tokens: int, max_batch_size: int,
