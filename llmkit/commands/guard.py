@@ -39,6 +39,9 @@ def register(sub):
     f.add_argument("--target-fpr", type=unit_float, default=0.05,
                    help="false-positive rate on held-out compliant data that sets the threshold (0.05)")
     f.add_argument("--holdout", type=unit_float, default=0.3, help="fraction held out for calibration (0.3)")
+    f.add_argument("--score", choices=["energy", "entropic"], default="energy",
+                   help="chaos score: Mahalanobis energy (default: higher held-out AUROC in bench/guard.py) or "
+                   "the asymmetric entropic divergence")
     f.add_argument("--batch-size", type=positive_int, default=8)
     f.add_argument("--seed", type=int, default=0)
     f.set_defaults(func=run)
@@ -109,7 +112,7 @@ def _fit(args) -> int:
     try:
         guard = Guard.fit(model, tok, [r["messages"] for r in rows], model_name=name, layers=args.layers,
                           n_components=args.components, target_fpr=args.target_fpr, holdout=args.holdout,
-                          seed=args.seed, batch_size=args.batch_size, progress=True)
+                          seed=args.seed, batch_size=args.batch_size, progress=True, score=args.score)
     except ValueError as e:
         raise UserError(str(e)) from None
     out = guard.save(args.out)
