@@ -73,8 +73,12 @@ def main() -> int:
                          "else the summary is not written")
     ap.add_argument("--fresh", action="store_true", help="ignore saved parts")
     ap.add_argument("--skip-qlora", action="store_true", help="leave out the QLoRA training run (its memory probe stays)")
+    ap.add_argument("--skip", type=_cells, default=[],
+                    help="run cells to leave out of this result (recorded as skipped, their summary keys null)")
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "llmkit-lqzo-bench"))
     args = ap.parse_args()
+    if args.skip_qlora:
+        args.skip = sorted(set(args.skip) | {"qlora_nf4"})
     # --quick is sized for 2 shared CPU cores (a ZO step there is ~3 CPU-s at batch 2); the full run for a GPU
     steps = args.steps or (40 if args.quick else 200)
     lrs = args.lr_sweep or ([1e-3, 4e-3] if args.quick else [5e-4, 2e-3, 8e-3])
@@ -185,13 +189,17 @@ def main() -> int:
 
     res: dict = {"model": B.MODEL, "quick": args.quick, "zo_steps": steps, "forward_passes_per_method": fwd,
                  "config": config, "accuracy_task": "sentiment", "runs": {}}
-    todo = args.only if args.only is not None else [c for c in CELLS if not (c == "qlora_nf4" and args.skip_qlora)]
+    todo = args.only if args.only is not None else [c for c in CELLS if c not in args.skip]
     # the untrained metrics this invocation needs (all of them when it writes the summary)
     need = {0, 4, 2} if args.only is None else {b for b, n in ((0, "fp"), (4, "int4"), (2, "int2")) if n in todo}
     for bits in (0, 4, 2):
         if bits in need:
             res[f"int{bits}_before" if bits else "full_precision"] = before(bits)
     for name in CELLS:
+        if name in args.skip:
+            res["runs"][name] = {"skipped": "left out of this run (--skip)"}
+            print(f"{name}: skipped (not measured in this run)", flush=True)
+            continue
         if args.only is not None and name not in todo:
             continue
         part = load_part(name)
@@ -226,9 +234,7 @@ def main() -> int:
         part["test_loss"], part["test_accuracy"] = loss, acc
     if args.only is not None and "probes" in todo:
         probes()
-    missing = [c for c in CELLS if c not in res["runs"] and not (c == "qlora_nf4" and args.skip_qlora)]
-    if args.skip_qlora and "qlora_nf4" not in res["runs"]:
-        res["runs"]["qlora_nf4"] = {"skipped": "--skip-qlora"}
+    missing = [c for c in CELLS if c not in res["runs"]]
     if missing:
         print(f"saved parts in {parts}; still missing: {', '.join(missing)} (summary not written)", flush=True)
         return 0
@@ -254,6 +260,8 @@ def main() -> int:
     for bits in (4, 2):
         for method in ("qzo", "lqzo"):
             cell = res["runs"][f"{method}_int{bits}"]
+            if "runs" not in cell:
+                continue
             rec = [B.recovered_fraction(res[f"int{bits}_before"]["test"]["eval_loss"], r["test"]["eval_loss"], fp_loss)
                    for r in cell["runs"]]
             cell["recovered_fraction_of_quantization_loss"] = rec
@@ -261,7 +269,11 @@ def main() -> int:
                   f"(per seed: {', '.join(f'{100 * x:.1f}%' for x in rec)})", flush=True)
 
     def after(cell, key):
-        return res["runs"][cell][f"test_{key}"]["mean"]
+        return res["runs"][cell][f"test_{key}"]["mean"] if "runs" in res["runs"][cell] else None
+
+    def recovered(cell):
+        rec = res["runs"][cell].get("recovered_fraction_of_quantization_loss")
+        return sum(rec) / len(rec) if rec else None
 
     summary = {
         "loss_full_precision": fp_loss,
@@ -272,12 +284,8 @@ def main() -> int:
         "loss_before_int2": res["int2_before"]["test"]["eval_loss"],
         "loss_after_lqzo_int2": after("lqzo_int2", "loss"),
         "loss_after_qzo_int2": after("qzo_int2", "loss"),
-        "loss_std_lqzo_int2": res["runs"]["lqzo_int2"]["test_loss"]["std"],
-        "loss_std_qzo_int2": res["runs"]["qzo_int2"]["test_loss"]["std"],
-        "recovered_fraction_lqzo_int2": sum(res["runs"]["lqzo_int2"]["recovered_fraction_of_quantization_loss"])
-        / len(res["runs"]["lqzo_int2"]["runs"]),
-        "recovered_fraction_qzo_int2": sum(res["runs"]["qzo_int2"]["recovered_fraction_of_quantization_loss"])
-        / len(res["runs"]["qzo_int2"]["runs"]),
+        "recovered_fraction_lqzo_int2": recovered("lqzo_int2"),
+        "recovered_fraction_qzo_int2": recovered("qzo_int2"),
         "acc_full_precision": res["full_precision"]["test"]["accuracy"],
         "acc_before_int4": res["int4_before"]["test"]["accuracy"],
         "acc_after_lqzo_int4": after("lqzo_int4", "accuracy"),
@@ -286,8 +294,9 @@ def main() -> int:
         "acc_after_lqzo_int2": after("lqzo_int2", "accuracy"),
         "acc_after_qzo_int2": after("qzo_int2", "accuracy"),
         "acc_after_mezo": after("mezo", "accuracy"),
-        **{f"lr_{c}": res["runs"][c]["best_lr"] for c in CELLS if c != "qlora_nf4"},
-        **{f"seeds_{c}": len(res["runs"][c]["runs"]) for c in CELLS if c != "qlora_nf4"},
+        **{f"lr_{c}": res["runs"][c].get("best_lr") for c in CELLS if c != "qlora_nf4"},
+        **{f"seeds_{c}": len(res["runs"][c].get("runs", [])) for c in CELLS if c != "qlora_nf4"},
+        "skipped": [c for c in CELLS if "skipped" in res["runs"][c]],
         "mem_ratio_vs_inference": mem_ratio,
         "mem_ratio_vs_qlora": lq["peak_bytes"] / ql["peak_bytes"] if ql else None,
         "step_time_ratio_vs_2fwd": time_ratio,
