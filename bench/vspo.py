@@ -1,9 +1,12 @@
 """VSPO against the paper's three baselines on the bundled model, in one run: behaviour rate and accuracy.
 
-Target behaviour ``confident_answer`` (``llmkit.rewards.behaviors``): an unhedged certainty claim about the
-completion's own final answer, in a completion that works with the question's numbers. The bundled
-SmolLM2-135M-Instruct almost never does this unprompted (the base rate is measured in the same run and printed as
-``base_behavior_rate``), which is the sparse-reward regime VSPO is about. Methods, all through ``llmkit train
+Target behaviour ``concise_answer`` (``llmkit.rewards.behaviors``; the paper's "response verbosity" in its rare
+form): at most ``--max-words`` words, a final answer, and the question's numbers used, so empty or content-free
+short replies score 0. The bundled SmolLM2-135M-Instruct, asked to solve step by step, almost never answers this
+briefly (the base rate is measured in the same run and printed as ``base_behavior_rate``), which is the
+sparse-reward regime VSPO is about; the steering vector (extracted from the behaviour's contrastive prompts) does
+elicit it at alpha 1. ``--behavior confident_answer`` is rarer still, but its prompt-contrast vector does not
+elicit it on this model (see recipes/configs/vspo/smollm2_concise_answer_gsm8k.yaml). Methods, all through ``llmkit train
 vspo`` (``llmkit.train.vspo.recipe``) with one config:
 
 - ``vspo``: GRPO whose rollouts are steered at intensities spread over [0, alpha_max] (annealed to 0);
@@ -51,14 +54,14 @@ def main():
     ap.add_argument("--curve-every", type=int, default=None, help="curve point every N steps (4, --quick 2)")
     ap.add_argument("--curve-n", type=int, default=None, help="problems per curve point (16, --quick 8)")
     ap.add_argument("--target", type=float, default=0.25, help="target behaviour rate for the first-step figure")
-    ap.add_argument("--behavior", default="confident_answer")
+    ap.add_argument("--behavior", default="concise_answer")
     ap.add_argument("--max-words", type=int, default=30, help="concise_answer's word limit")
     ap.add_argument("--alpha-max", type=float, default=None, help="VSPO's largest intensity (default: guidance's)")
-    ap.add_argument("--guidance-alpha", type=float, default=4.0, help="steering intensity for guidance and the "
+    ap.add_argument("--guidance-alpha", type=float, default=1.0, help="steering intensity for guidance and the "
                     "teacher's traces")
     ap.add_argument("--learning-rate", type=float, default=5e-5)
     ap.add_argument("--batch-size", type=int, default=8, help="rollouts per step (groups of 4)")
-    ap.add_argument("--max-new-tokens", type=int, default=None, help="completion/eval budget (192, --quick 128)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="completion/eval budget (192, --quick 96)")
     ap.add_argument("--work-dir", default="/tmp/llmkit-bench-vspo-methods", help="run folders (outside the repo)")
     ap.add_argument("--timing", action="store_true", help="the per-step time benchmark instead")
     ap.add_argument("--rounds", type=int, default=None)
@@ -182,7 +185,7 @@ def methods(args) -> None:
     seeds = args.seeds or (1 if args.quick else 3)
     steps = args.steps or (4 if args.quick else 16)
     eval_n = args.eval_n or (24 if args.quick else 64)
-    tokens = args.max_new_tokens or (128 if args.quick else 192)
+    tokens = args.max_new_tokens or (96 if args.quick else 192)
     alpha_max = args.alpha_max if args.alpha_max is not None else args.guidance_alpha
     work = Path(args.work_dir) / ("quick" if args.quick else "full")
     if work.exists():

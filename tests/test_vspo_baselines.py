@@ -101,10 +101,10 @@ def test_first_step_at_and_bad_teacher_config():
         VSPOConfig(output_dir="/tmp/x", target_behavior_rate=0.0, use_cpu=True, report_to="none")
 
 
-def test_confident_answer_config_parses_for_every_mode(repo_root):
+def test_concise_answer_config_parses_for_every_mode(repo_root):
     from llmkit.commands.train import parse_method_args
 
-    path = str(repo_root / "recipes/configs/vspo/smollm2_confident_answer_gsm8k.yaml")
+    path = str(repo_root / "recipes/configs/vspo/smollm2_concise_answer_gsm8k.yaml")
     for mode in ("vspo", "grpo", "teacher", "guidance"):
         _, (cfg, _model_args) = parse_method_args("vspo", ["--config", path, "--mode", mode])
-        assert cfg.mode == mode and cfg.behavior == "confident_answer" and cfg.curve_every_steps == 10
+        assert cfg.mode == mode and cfg.behavior == "concise_answer" and cfg.curve_every_steps == 10
