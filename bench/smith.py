@@ -90,12 +90,23 @@ def curves(metrics: Path) -> dict:
     return out
 
 
+def _part(work: Path, name: str, fn) -> dict:
+    """Run one part of the bench and keep its results in ``<work>/part_<name>.json`` (parts can run as separate
+    processes side by side: ``--only base``, ``--only smith``, ``--only combined_reward``, then ``--only merge``)."""
+    d = fn()
+    (work / f"part_{name}.json").write_text(json.dumps(d, indent=2) + "\n")
+    return d
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--work", default=str(REPO / "outputs" / "bench-smith"), help="scratch folder for the runs")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (the shared 2-core machine generated faster with 1)")
+    ap.add_argument("--only", choices=("base", "warm", "smith", "combined_reward", "merge"), default=None,
+                    help="run one part (results kept in the work folder); merge writes the JSON from the parts. "
+                         "smith/combined_reward start from <work>/warm/model (made by the warm part)")
     args = ap.parse_args()
     if args.threads:
         import torch
@@ -106,8 +117,9 @@ def main() -> int:
     # a call is <= ~55 tokens (the answer line after it is not needed); a reference build trace up to ~230 tokens
     max_new, build_max_new = (64, 256) if q else (96, 320)
     work = Path(args.work) / ("quick" if q else "full")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    if args.only is None:
+        shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
 
     from trl import ModelConfig
@@ -120,104 +132,146 @@ def main() -> int:
     from llmkit.train.smith.recipe import main as smith_main
     from llmkit.train.smith.recipe import warm_start
 
-    res: dict = {"quick": q, "model": DEFAULT_MODEL, "n_per_family": n, "grpo_steps": grpo_steps,
-                 "warm_start_steps": warm_steps, "max_new_tokens": max_new, "build_max_new_tokens": build_max_new,
-                 "heldout": list(tasks.HELDOUT_FAMILIES), "train_families": list(tasks.TRAIN_FAMILIES)}
-    # ---- sandbox
-    ov = sandbox_overhead(20 if q else 60)
-    res["sandbox"] = ov
-    print(f"sandbox per call: p50 {ov['p50_ms']:.1f} ms, p95 {ov['p95_ms']:.1f} ms; unconfined subprocess anchor "
-          f"p50 {ov['anchor_p50_ms']:.1f} ms; ratio {ov['ratio']:.2f}x")
-    outcomes = run_attacks()
-    res["attacks"] = {o.name: {"contained": o.contained, "detail": o.detail, "wall_s": round(o.wall_s, 3)}
-                      for o in outcomes}
-    escapes = sum(not o.contained for o in outcomes)
-    print(f"sandbox attacks: {len(outcomes) - escapes}/{len(outcomes)} contained, escapes {escapes}")
-
-    # ---- baselines with the base model
     fams = tasks.HELDOUT_FAMILIES
-    model, tok = load(DEFAULT_MODEL)
-    gen = local_generator(model, tok, max_new_tokens=max_new, batch_size=16)
-    build_gen = local_generator(model, tok, max_new_tokens=build_max_new, batch_size=16)
-    cond, per_fam, parse = {}, {}, {}
-    r = evaluate(gen, fams, mode="none", n=n)
-    cond["no_tools"], per_fam["no_tools"] = r["macro"], r["per_family"]
-    r = evaluate(gen, fams, mode="reference", n=n)
-    cond["reference_tools"], per_fam["reference_tools"] = r["macro"], r["per_family"]
-    parse["base"] = r["call_parse_rate"]
-    res["sample_replies"] = {"base_reference_tools": r["sample_replies"]}
-    upool = ToolPool(work / "untrained_pool")
-    built = build_tools(build_gen, fams, upool, examples=3, checks=4, source=DEFAULT_MODEL)
-    res["untrained_builds"] = {k: {a: v[a] for a in ("schema", "code", "outcome", "added")} for k, v in built.items()}
-    r = evaluate(gen, fams, pool=upool, n=n)
-    cond["untrained_writer"], per_fam["untrained_writer"] = r["macro"], r["per_family"]
-    cond["student_untrained_tools"] = r["macro"]  # the writer and the student are the same frozen model here
-    for k in ("no_tools", "reference_tools", "untrained_writer"):
-        print(f"held-out macro acc {k}: {cond[k]:.3f}")
-    print(f"use call parse rate, base model with the reference tools: {parse['base']:.3f}")
+    todo = ("base", "warm", "smith", "combined_reward", "merge") if args.only is None else (args.only,)
 
-    # ---- warm start once (training families only), then SMITH and the combined-reward ablation from it
-    t0 = time.time()
-    wcfg = SmithConfig(output_dir=str(work / "warm"), use_cpu=True, bf16=False, report_to="none",
-                       warm_start_steps=warm_steps, warm_start_lr=2e-4 if q else 1e-4,
-                       warm_start_top_layers=10 if q else 0, per_device_train_batch_size=4,
-                       num_generations=4,
-                       build_examples=3, seed=0)
-    wmodel, wtok = load_for_training(ModelConfig(model_name_or_path=DEFAULT_MODEL), output_dir=work)
-    wmodel = warm_start(wcfg, wmodel, wtok, tasks.TRAIN_FAMILIES, work / "warm")
-    if not q:  # the quick run measures the parse rate after warm start + GRPO only (the smith run), for time
-        wmodel.eval()
-        r = evaluate(local_generator(wmodel, wtok, max_new_tokens=max_new), fams, mode="reference", n=n)
-        cond["warm_reference_tools"], per_fam["warm_reference_tools"] = r["macro"], r["per_family"]
-        parse["warm_start"] = r["call_parse_rate"]
-        res["sample_replies"]["warm_reference_tools"] = r["sample_replies"]
-        print(f"held-out macro acc warm_reference_tools: {cond['warm_reference_tools']:.3f}; use call parse rate "
-              f"base {parse['base']:.3f} -> after warm start {parse['warm_start']:.3f}")
-    wmodel.save_pretrained(work / "warm" / "model")
-    wtok.save_pretrained(work / "warm" / "model")
-    del wmodel
-    res["warm_start_seconds"] = round(time.time() - t0, 1)
-    runs = {}
-    for name, agg in (("smith", "normalize_then_sum"), ("combined_reward", "combined")):
+    def base() -> dict:
+        ov = sandbox_overhead(20 if q else 60)
+        print(f"sandbox per call: p50 {ov['p50_ms']:.1f} ms, p95 {ov['p95_ms']:.1f} ms; unconfined subprocess "
+              f"anchor p50 {ov['anchor_p50_ms']:.1f} ms; ratio {ov['ratio']:.2f}x")
+        outcomes = run_attacks()
+        attacks = {o.name: {"contained": o.contained, "detail": o.detail, "wall_s": round(o.wall_s, 3)}
+                   for o in outcomes}
+        escapes = sum(not o.contained for o in outcomes)
+        print(f"sandbox attacks: {len(outcomes) - escapes}/{len(outcomes)} contained, escapes {escapes}")
+        model, tok = load(DEFAULT_MODEL)
+        gen = local_generator(model, tok, max_new_tokens=max_new, batch_size=16)
+        build_gen = local_generator(model, tok, max_new_tokens=build_max_new, batch_size=16)
+        cond, per_fam, samples = {}, {}, {}
+        r = evaluate(gen, fams, mode="none", n=n)
+        cond["no_tools"], per_fam["no_tools"] = r["macro"], r["per_family"]
+        r = evaluate(gen, fams, mode="reference", n=n)
+        cond["reference_tools"], per_fam["reference_tools"] = r["macro"], r["per_family"]
+        parse = r["call_parse_rate"]
+        samples["base_reference_tools"] = r["sample_replies"]
+        upool = ToolPool(work / "untrained_pool")
+        built = build_tools(build_gen, fams, upool, examples=3, checks=4, source=DEFAULT_MODEL)
+        r = evaluate(gen, fams, pool=upool, n=n)
+        cond["untrained_writer"], per_fam["untrained_writer"] = r["macro"], r["per_family"]
+        cond["student_untrained_tools"] = r["macro"]  # the writer and the student are the same frozen model here
+        for k in ("no_tools", "reference_tools", "untrained_writer"):
+            print(f"held-out macro acc {k}: {cond[k]:.3f}")
+        print(f"use call parse rate, base model with the reference tools: {parse:.3f}")
+        return {"sandbox": ov, "attacks": attacks, "escapes": escapes, "conditions": cond, "per_family": per_fam,
+                "parse_base": parse, "sample_replies": samples,
+                "untrained_builds": {k: {a: v[a] for a in ("schema", "code", "outcome", "added")}
+                                     for k, v in built.items()}}
+
+    def warm() -> dict:
+        # warm start once (training families only); SMITH and the combined-reward ablation both start from it
+        t0 = time.time()
+        wcfg = SmithConfig(output_dir=str(work / "warm"), use_cpu=True, bf16=False, report_to="none",
+                           warm_start_steps=warm_steps, warm_start_lr=2e-4 if q else 1e-4,
+                           warm_start_top_layers=10 if q else 0, per_device_train_batch_size=4,
+                           num_generations=4, build_examples=3, seed=0)
+        wmodel, wtok = load_for_training(ModelConfig(model_name_or_path=DEFAULT_MODEL), output_dir=work)
+        wmodel = warm_start(wcfg, wmodel, wtok, tasks.TRAIN_FAMILIES, work / "warm")
+        out = {"warm_start_seconds": round(time.time() - t0, 1)}
+        if not q:  # the quick run measures the parse rate after warm start + GRPO only (the smith run), for time
+            wmodel.eval()
+            r = evaluate(local_generator(wmodel, wtok, max_new_tokens=max_new), fams, mode="reference", n=n)
+            out.update(warm_reference_tools=r["macro"], per_family=r["per_family"], parse=r["call_parse_rate"],
+                       sample_replies=r["sample_replies"])
+            print(f"held-out macro acc warm_reference_tools: {r['macro']:.3f}; use call parse rate after warm "
+                  f"start {r['call_parse_rate']:.3f}")
+        wmodel.save_pretrained(work / "warm" / "model")
+        wtok.save_pretrained(work / "warm" / "model")
+        return out
+
+    def run(name: str, agg: str) -> dict:
         out = work / name
+        shutil.rmtree(out, ignore_errors=True)
         cfg = SmithConfig(output_dir=str(out), use_cpu=True, bf16=False, report_to="none", reward_aggregation=agg,
                           max_steps=grpo_steps, per_device_train_batch_size=4, num_generations=4,
-                          max_completion_length=192 if q else build_max_new, temperature=0.8, learning_rate=1e-5, beta=0.0,
-                          logging_steps=1, save_strategy="no", num_prompts=8 * grpo_steps, build_ratio=0.5,
-                          build_examples=3, build_checks=4, eval_n=n, eval_max_new_tokens=max_new,
+                          max_completion_length=192 if q else build_max_new, temperature=0.8, learning_rate=1e-5,
+                          beta=0.0, logging_steps=1, save_strategy="no", num_prompts=8 * grpo_steps,
+                          build_ratio=0.5, build_examples=3, build_checks=4, eval_n=n, eval_max_new_tokens=max_new,
                           eval_build_max_new_tokens=build_max_new, eval_no_tools=not q,
-                          eval_reference=not q or name == "smith",
-                          dataloader_num_workers=0, seed=0)
+                          eval_reference=not q or name == "smith", dataloader_num_workers=0, seed=0)
         t0 = time.time()
         smith_main(cfg, ModelConfig(model_name_or_path=str(work / "warm" / "model")))
         ev = json.loads((out / "eval.json").read_text())
-        cond[name] = ev["after"]["with_tools"]["macro"]
-        per_fam[name] = ev["after"]["with_tools"]["per_family"]
-        if ev["after"]["reference_tools"]:
-            cond[f"{name}_reference_tools"] = ev["after"]["reference_tools"]["macro"]
-            parse[name] = ev["after"]["use_call_parse_rate"]
-        res["sample_replies"][name] = ev["after"]["with_tools"]["sample_replies"]
-        runs[name] = {"seconds": round(time.time() - t0, 1), "pool_size": ev["pool_size"],
-                      "pool_growth": ev["pool_growth"], "heldout_builds": ev["after"]["built"],
-                      "policy_no_tools_macro": (ev["after"]["no_tools"] or {}).get("macro"),
-                      "curves": curves(out / "metrics.jsonl")}
-        last = {k: v[1][-1] for k, v in runs[name]["curves"].items() if v[1]}
-        nt = runs[name]["policy_no_tools_macro"]
-        print(f"held-out macro acc {name}: {cond[name]:.3f}"
+        ref = ev["after"]["reference_tools"]
+        d = {"macro": ev["after"]["with_tools"]["macro"], "per_family": ev["after"]["with_tools"]["per_family"],
+             "reference_macro": ref["macro"] if ref else None, "parse": ev["after"]["use_call_parse_rate"],
+             "sample_replies": ev["after"]["with_tools"]["sample_replies"],
+             "reference_sample_replies": ref["sample_replies"] if ref else None,
+             "run": {"seconds": round(time.time() - t0, 1), "pool_size": ev["pool_size"],
+                     "pool_growth": ev["pool_growth"], "heldout_builds": ev["after"]["built"],
+                     "policy_no_tools_macro": (ev["after"]["no_tools"] or {}).get("macro"),
+                     "curves": curves(out / "metrics.jsonl")}}
+        last = {k: v[1][-1] for k, v in d["run"]["curves"].items() if v[1]}
+        nt = d["run"]["policy_no_tools_macro"]
+        print(f"held-out macro acc {name}: {d['macro']:.3f}"
               + (f" (policy without tools {nt:.3f})" if nt is not None else "")
-              + (f" (policy with the reference tools {cond[name + '_reference_tools']:.3f}, use call parse rate "
-                 f"{parse[name]:.3f})" if name in parse else "")
+              + (f" (policy with the reference tools {d['reference_macro']:.3f}, use call parse rate "
+                 f"{d['parse']:.3f})" if ref else "")
               + f"; training pool {ev['pool_size']} tools; last-step axes "
               + ", ".join(f"{k} {v:.2f}" for k, v in last.items()))
+        return d
+
+    for part in todo:
+        if part == "base":
+            _part(work, "base", base)
+        elif part == "warm":
+            _part(work, "warm", warm)
+        elif part in ("smith", "combined_reward"):
+            _part(work, part, lambda p=part: run(p, "normalize_then_sum" if p == "smith" else "combined"))
+    if "merge" not in todo:
+        return 0
+
+    parts = {k: json.loads((work / f"part_{k}.json").read_text())
+             for k in ("base", "warm", "smith", "combined_reward") if (work / f"part_{k}.json").is_file()}
+    missing = {"base", "smith", "combined_reward"} - set(parts)
+    if missing:
+        raise SystemExit(f"missing parts {sorted(missing)} in {work}: run them with --only first")
+    b, w = parts["base"], parts.get("warm", {})
+    cond, per_fam = dict(b["conditions"]), dict(b["per_family"])
+    parse = {"base": b["parse_base"]}
+    if "warm_reference_tools" in w:
+        cond["warm_reference_tools"], per_fam["warm_reference_tools"] = w["warm_reference_tools"], w["per_family"]
+        parse["warm_start"] = w["parse"]
+    samples = dict(b["sample_replies"])
+    runs = {}
+    for name in ("smith", "combined_reward"):
+        d = parts[name]
+        cond[name], per_fam[name], runs[name] = d["macro"], d["per_family"], d["run"]
+        samples[name] = d["sample_replies"]
+        if d["reference_macro"] is not None:
+            cond[f"{name}_reference_tools"], parse[name] = d["reference_macro"], d["parse"]
+            samples[f"{name}_reference_tools"] = d["reference_sample_replies"]
     # ---- frozen student: the base model uses the trained policy's held-out tools
-    r = evaluate(gen, fams, pool=ToolPool(work / "smith" / "eval_pool_after"), n=n)
-    cond["student_smith_tools"], per_fam["student_smith_tools"] = r["macro"], r["per_family"]
+    spool = ToolPool(work / "smith" / "eval_pool_after")
+    if spool.families():
+        model, tok = load(DEFAULT_MODEL)
+        r = evaluate(local_generator(model, tok, max_new_tokens=max_new, batch_size=16), fams, pool=spool, n=n)
+        cond["student_smith_tools"], per_fam["student_smith_tools"] = r["macro"], r["per_family"]
+    else:  # no verified held-out tool: the student answers every question without one, i.e. the no_tools run
+        cond["student_smith_tools"], per_fam["student_smith_tools"] = cond["no_tools"], per_fam["no_tools"]
     print(f"frozen student (base model) with SMITH-written tools: {cond['student_smith_tools']:.3f} vs with "
-          f"untrained-writer tools {cond['student_untrained_tools']:.3f}")
+          f"untrained-writer tools {cond['student_untrained_tools']:.3f} (SMITH held-out tools: "
+          f"{len(spool.families())})")
     for k in ("smith", "combined_reward", "untrained_writer", "reference_tools"):
         print(f"difference {k} - no_tools: {cond[k] - cond['no_tools']:+.3f}")
 
-    res.update(conditions=cond, per_family=per_fam, runs=runs, use_call_parse_rate=parse, seconds=round(time.time() - t_start, 1))
+    ov, escapes = b["sandbox"], b["escapes"]
+    res: dict = {"quick": q, "model": DEFAULT_MODEL, "n_per_family": n, "grpo_steps": grpo_steps,
+                 "warm_start_steps": warm_steps, "max_new_tokens": max_new, "build_max_new_tokens": build_max_new,
+                 "heldout": list(fams), "train_families": list(tasks.TRAIN_FAMILIES),
+                 "warm_start_seconds": w.get("warm_start_seconds"), "sandbox": ov, "attacks": b["attacks"],
+                 "untrained_builds": b["untrained_builds"], "conditions": cond, "per_family": per_fam, "runs": runs,
+                 "use_call_parse_rate": parse, "sample_replies": samples,
+                 "merge_seconds": round(time.time() - t_start, 1)}
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = "smith_quick" if q else "smith"
     (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
@@ -230,9 +284,9 @@ def main() -> int:
                "student_macro_acc_smith_tools": cond["student_smith_tools"],
                "student_macro_acc_untrained_tools": cond["student_untrained_tools"],
                "heldout_macro_acc_warm_start_reference_tools": cond.get("warm_reference_tools"),
-               "heldout_macro_acc_smith_reference_tools": cond["smith_reference_tools"],
+               "heldout_macro_acc_smith_reference_tools": cond.get("smith_reference_tools"),
                "use_call_parse_rate_base": parse["base"], "use_call_parse_rate_warm_start": parse.get("warm_start"),
-               "use_call_parse_rate": parse["smith"],
+               "use_call_parse_rate": parse.get("smith"),
                "pool_size": runs["smith"]["pool_size"],
                "sandbox_p50_ms": round(ov["p50_ms"], 2), "sandbox_p95_ms": round(ov["p95_ms"], 2),
                "sandbox_overhead_ratio": round(ov["ratio"], 3), "sandbox_escapes": escapes}

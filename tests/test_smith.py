@@ -122,3 +122,16 @@ def test_warm_start_top_layers_trains_only_the_top_and_unfreezes_after(tmp_path,
     assert any(f"layers.{top}." in n for n in changed)
     assert not any("layers.0." in n for n in changed)  # below the top layer: frozen during the warm start
     assert all(p.requires_grad for p in tiny_model.parameters())  # and trainable again for RL
+
+
+def test_policy_is_made_ready_for_generation_after_training(tiny_model, tiny_tokenizer):
+    from llmkit.tools.evaluate import local_generator
+    from llmkit.train.smith.recipe import ready_for_generation
+
+    conv = [[{"role": "user", "content": "write a tool"}], [{"role": "user", "content": "call it"}]]
+    expected = local_generator(tiny_model.eval(), tiny_tokenizer, max_new_tokens=6)(conv)
+    tiny_model.gradient_checkpointing_enable()
+    tiny_model.train()  # the state a trainer leaves behind
+    ready_for_generation(tiny_model)
+    assert not tiny_model.training and not tiny_model.is_gradient_checkpointing
+    assert local_generator(tiny_model, tiny_tokenizer, max_new_tokens=6)(conv) == expected

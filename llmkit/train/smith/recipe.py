@@ -151,6 +151,16 @@ def freeze_below_top_layers(model, top: int) -> list:
     return frozen
 
 
+def ready_for_generation(model):
+    """Eval mode and no gradient checkpointing. The trainer leaves the model in train mode with checkpointing on,
+    which turns the KV cache off: the cached decoding of ``llmkit.generation`` then sees one new token at a time
+    without its context and writes garbage (the first bundled-model runs evaluated "<-----..." replies)."""
+    if getattr(model, "is_gradient_checkpointing", False):
+        model.gradient_checkpointing_disable()
+    model.eval()
+    return model
+
+
 def evaluate_policy(model, tok, cfg: SmithConfig, out: Path, tag: str) -> dict:
     """The policy writes a tool per evaluated family (into ``<out>/eval_pool_<tag>``) and answers held-out questions
     with it; also without tools. Families are never built from the evaluation questions."""
@@ -159,6 +169,7 @@ def evaluate_policy(model, tok, cfg: SmithConfig, out: Path, tag: str) -> dict:
     from llmkit.tools.pool import ToolPool
     from llmkit.tools.sandbox import Limits
 
+    ready_for_generation(model)
     fams = tasks.names(cfg.eval_families)
     gen = local_generator(model, tok, max_new_tokens=cfg.eval_max_new_tokens, batch_size=16)
     build_gen = local_generator(model, tok, max_new_tokens=cfg.eval_build_max_new_tokens, batch_size=16)
