@@ -72,6 +72,9 @@ def main() -> int:
                          "the untrained metrics, probes the memory/time probes); the rest must be saved parts, "
                          "else the summary is not written")
     ap.add_argument("--fresh", action="store_true", help="ignore saved parts")
+    ap.add_argument("--extend", action="store_true",
+                    help="for the cells in --only that have a saved part: run only the --lr-sweep values it lacks and "
+                         "merge (the best lr over both sweeps is reported; it is tested only if it is a new one)")
     ap.add_argument("--skip-qlora", action="store_true", help="leave out the QLoRA training run (its memory probe stays)")
     ap.add_argument("--skip", type=_cells, default=[],
                     help="run cells to leave out of this result (recorded as skipped, their summary keys null)")
@@ -157,11 +160,21 @@ def main() -> int:
                               tmp / f"{name}-{lr:g}-{seed}", seed=seed)
             return [r["loss"] for r in hist]
 
-        r = B.tuned_runs(model, mezo_lrs if method == "mezo" else lrs, seeds, train,
-                         lambda m: val_fn(m, tok), lambda m: test_fn(m, tok), name=name,
-                         log=lambda msg: print(msg, flush=True))
-        return save_part(name, {"settings": settings, "seeds": seeds, "lrs": mezo_lrs if method == "mezo" else lrs,
-                                "wall_s": time.perf_counter() - t0, **r})
+        grid = mezo_lrs if method == "mezo" else lrs
+        prev = load_part(name) if args.extend else None
+        if prev is not None:
+            grid = [lr for lr in grid if lr not in prev["lrs"]]
+            if not grid:
+                return prev
+        beat = min(e["val_loss"] for e in prev["sweep"] if e["val_loss"] is not None) if prev else None
+        r = B.tuned_runs(model, grid, seeds if prev is None else prev["seeds"], train, lambda m: val_fn(m, tok),
+                         lambda m: test_fn(m, tok), name=name, log=lambda msg: print(msg, flush=True), beat=beat)
+        wall = time.perf_counter() - t0
+        if prev is not None:
+            r = B.merge_sweeps(prev, r)
+            grid, wall = prev["lrs"] + grid, prev["wall_s"] + wall
+        return save_part(name, {"settings": settings, "seeds": seeds if prev is None else prev["seeds"],
+                                "lrs": sorted(grid), "wall_s": wall, **r})
 
     def qlora_cell():
         model, tok = B.qlora_model()
@@ -202,7 +215,7 @@ def main() -> int:
             continue
         if args.only is not None and name not in todo:
             continue
-        part = load_part(name)
+        part = None if (args.extend and name in todo) else load_part(name)
         if part is None and name in todo:
             try:
                 part = qlora_cell() if name == "qlora_nf4" else train_cell(name)

@@ -318,3 +318,36 @@ def test_scale_update_never_flips_a_sign_qzo_projection():
     small = torch.full((8, 6), 0.5)
     SeedZO([small], modes=["mul"], seed=3).update(0, [1e-3], lr=1e-2)  # ordinary steps are untouched
     assert torch.allclose(small, 0.5 * (1 - 1e-5 * z))
+
+
+def test_extending_a_sweep_tests_only_a_new_winner_and_merges():
+    from llmkit.train.lqzo.benchlib import merge_sweeps, tuned_runs
+
+    base = nn.Linear(1, 1, bias=False).requires_grad_(False)
+    tested = []
+
+    def train(m, lr, seed):
+        m.weight.data.fill_(lr)
+        return []
+
+    def val(m):
+        return (float(m.weight) - 0.3) ** 2
+
+    def test(m):
+        tested.append(float(m.weight))
+        return {"eval_loss": float(m.weight)}
+
+    quiet = {"log": lambda *_: None}
+    old = tuned_runs(base, [1.0, 2.0], [0], train, val, test, **quiet)
+    assert old["best_lr"] == 1.0 and tested == [1.0]
+    worse = tuned_runs(base, [4.0], [0], train, val, test, beat=old["sweep"][0]["val_loss"], **quiet)
+    assert worse["runs"] == [] and tested == [1.0]  # no new winner: nothing tested
+    m = merge_sweeps(old, worse)
+    assert m["best_lr"] == 1.0 and m["runs"] == old["runs"] and [e["lr"] for e in m["sweep"]] == [1.0, 2.0, 4.0]
+    assert m["best_lr_at_edge"]
+    better = tuned_runs(base, [0.25], [0], train, val, test, beat=old["sweep"][0]["val_loss"], **quiet)
+    assert tested == [1.0, 0.25]
+    m = merge_sweeps(old, better)
+    assert m["best_lr"] == 0.25 and m["runs"][0]["test"]["eval_loss"] == 0.25 and m["best_lr_at_edge"]
+    with pytest.raises(ValueError, match="overlap"):
+        merge_sweeps(old, old)

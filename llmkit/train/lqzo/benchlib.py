@@ -223,7 +223,8 @@ def recovered_fraction(before: float, after: float, reference: float) -> float:
     return (before - after) / gap if gap > 0 else float("nan")
 
 
-def tuned_runs(base, lrs: list[float], seeds: list[int], train_fn, val_fn, test_fn, log=print, name: str = "") -> dict:
+def tuned_runs(base, lrs: list[float], seeds: list[int], train_fn, val_fn, test_fn, log=print, name: str = "",
+               beat: float | None = None) -> dict:
     """A fair per-method comparison at a fixed budget: pick the learning rate on validation, report on test.
 
     For each ``lr`` in ``lrs``: a fresh copy of ``base`` is trained by ``train_fn(model, lr, seed)`` (returns
@@ -231,7 +232,8 @@ def tuned_runs(base, lrs: list[float], seeds: list[int], train_fn, val_fn, test_
     non-finite = diverged). The best copy is kept and scored by ``test_fn(model)`` (a dict); then the best
     lr is rerun for every other seed and scored on test. Validation never sees the test rows, and test
     never picks anything. Returns ``{sweep: [{lr, val_loss, train_loss}], best_lr, best_lr_at_edge,
-    runs: [{seed, test, train_loss}]}``.
+    runs: [{seed, test, train_loss}]}``. ``beat``: the best validation loss of an earlier sweep being extended
+    (``merge_sweeps``); when no lr here beats it, nothing is tested or rerun (``runs`` is empty).
     """
     import copy
     import math
@@ -252,6 +254,8 @@ def tuned_runs(base, lrs: list[float], seeds: list[int], train_fn, val_fn, test_
             del model
     best_i = pick_best(sweep)
     best_lr = lrs[best_i]
+    if beat is not None and not sweep[best_i]["val_loss"] < beat:
+        return {"sweep": sweep, "best_lr": best_lr, "best_lr_at_edge": None, "runs": []}
     runs = [{"seed": seeds[0], "test": test_fn(best_model), "train_loss": sweep[best_i]["train_loss"]}]
     del best_model
     for s in seeds[1:]:
@@ -260,6 +264,21 @@ def tuned_runs(base, lrs: list[float], seeds: list[int], train_fn, val_fn, test_
         runs.append({"seed": s, "test": test_fn(model), "train_loss": hist})
         del model
     return {"sweep": sweep, "best_lr": best_lr, "best_lr_at_edge": len(lrs) > 1 and best_i in (0, len(lrs) - 1),
+            "runs": runs}
+
+
+def merge_sweeps(old: dict, new: dict) -> dict:
+    """One sweep from an earlier ``tuned_runs`` result and one over further learning rates (run with
+    ``beat`` = the earlier best validation loss): the best lr over both, its test runs, the sweep sorted by lr."""
+    sweep = sorted(old["sweep"] + new["sweep"], key=lambda e: e["lr"])
+    best = sweep[pick_best(sweep)]["lr"]
+    lrs = [e["lr"] for e in sweep]
+    if len(set(lrs)) != len(lrs):
+        raise ValueError(f"the sweeps overlap: {lrs}")
+    runs = new["runs"] if best in [e["lr"] for e in new["sweep"]] else old["runs"]
+    if not runs:
+        raise ValueError("the best lr has no test runs (run the new sweep with beat=<old best validation loss>)")
+    return {"sweep": sweep, "best_lr": best, "best_lr_at_edge": len(lrs) > 1 and best in (lrs[0], lrs[-1]),
             "runs": runs}
 
 
