@@ -75,6 +75,8 @@ def parse_args():
     p.add_argument("--name", help="results name (default halo, or halo_quick with --quick)")
     p.add_argument("--fresh", action="store_true", help="retrain runs that have saved parts")
     p.add_argument("--merge_only", action="store_true", help="train nothing; figures from the saved parts")
+    p.add_argument("--sweep_only", action="store_true",
+                   help="run (or read) the learning-rate sweep, print its scores and stop")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the shared box: 1)")
     return p.parse_args()
 
@@ -177,6 +179,9 @@ def main() -> int:
         best_lr[m] = ex.pick_best_lr(scores)
         print(f"sweep {m}: " + ", ".join(f"lr {lr:g}: {v:.4f}" if v is not None else f"lr {lr:g}: (not run)"
                                          for lr, v in scores.items()) + f" -> {best_lr[m]:g}", flush=True)
+    if args.sweep_only:
+        print(json.dumps({m: {f"{lr:g}": v for lr, v in sc.items()} for m, sc in sweep.items()}))
+        return 0
     # 2. every schedule at its own rate, seed-major so that an interrupted run still covers both sizes
     runs = []
     for seed in seeds:
