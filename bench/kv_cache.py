@@ -446,6 +446,16 @@ def merge() -> dict:
     return res
 
 
+def save_partial(res: dict, out: Path) -> None:
+    """Write what is measured so far, figures included (a run stopped later still leaves them)."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        figs = report(res)
+    out.write_text(json.dumps(res | {"figures": figs, "partial": True}, indent=2))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer problems, shorter runs")
@@ -482,8 +492,14 @@ def main(argv=None) -> int:
     ap.add_argument("--serve-new", type=int, default=None, help="new tokens per served request (default 32 quick, 128 full)")
     ap.add_argument("--serve-bf16-rows", type=int, default=2,
                     help="the served KV budget: what this many bf16 sequences of prompt+new tokens hold")
+    ap.add_argument("--report", default=None, metavar="JSON",
+                    help="print the figure lines of a results file this script wrote (runs nothing)")
     args = ap.parse_args(argv)
     q = args.quick
+    if args.report:
+        res = json.loads(Path(args.report).read_text())
+        print(json.dumps(report(res)))
+        return 0
     if args.merge:
         res = merge()
         figs = report(res)
@@ -553,13 +569,19 @@ def main(argv=None) -> int:
                             "possible": pr["possible"],
                             "pairs_frac": (pr["k"] + pr["v"]) / pr["possible"] if pr["possible"] else 0.0,
                             "bytes": nb, "bytes_per_token": nb["total"] / args.bytes_len}
+        extra = ["hf-quanto"] if quanto_available() else []
+        base = [n for n in METHODS if n != "inquant"] + extra if "ppl" not in skip else []
+        ppl = perplexity(model, tok, test[:ppl_n], prefix, args.group_size, ["bf16", *arms, *base])
+        if "ppl" not in skip:  # the baselines' figures come from the same pass (same prefill per problem)
+            res["perplexity"] = {n: ppl[n] for n in ["bf16", *base, "tokens"]} | {"inquant": ppl[DEFAULT_ARM]}
+            skip.add("ppl")
         res["arms"] = {
             "per_arm": per_arm, "bf16_bytes_per_token": kve.bf16_bytes_per_token(model.config),
-            "ppl": perplexity(model, tok, test[:ppl_n], prefix, args.group_size, ["bf16", *arms]),
+            "ppl": {n: ppl[n] for n in ["bf16", *arms, "tokens"]},
             "long_ppl": long_perplexity(model, tok, ["bf16", *arms], args.group_size, args.long_ctx, args.long_tgt,
                                         args.long_windows or (1 if q else 4)),
         }
-        out.write_text(json.dumps(res, indent=2))
+        save_partial(res, out)
 
     if "capacity" not in skip:
         kv = kve.prefill_kv(model, bytes_ids(tok, args.bytes_len))
@@ -571,6 +593,11 @@ def main(argv=None) -> int:
         res["capacity"] = {"seq_len": args.cap_len, "budget_gib": args.cap_gib, "bytes_per_token": bpt,
                            "window_bytes": window,
                            "sequences": {n: kve.capacity(b, budget, args.cap_len, window[n]) for n, b in bpt.items()}}
+
+    if "speed" not in skip:
+        res["quant_us_per_token"] = quant_speed(model, tok, long_text, args.compress_len, args.group_size,
+                                                reps=2 if q else 5)
+        save_partial(res, out)
 
     if "serve" not in skip:
         from llmkit.serving.kv_cache import cache_factory
@@ -591,7 +618,7 @@ def main(argv=None) -> int:
                                                  None if name == "bf16" else factory)
         res["served"] = {"requests": n_req, "new_tokens": n_new, "seq_len": seq_len, "budget_bytes": budget,
                          "rows": rows, "results": served}
-        out.write_text(json.dumps(res, indent=2))
+        save_partial(res, out)
 
     if "compression" not in skip:
         res["compression"] = compression(model, tok, long_text, args.compress_len, args.group_size)
@@ -600,6 +627,7 @@ def main(argv=None) -> int:
         with torch.inference_mode():
             model(tok(long_text, return_tensors="pt").input_ids[:, :args.compress_len], past_key_values=probe)
         res["inquant_outlier_pairs"] = probe.outlier_pairs()
+        save_partial(res, out)
 
     if "ppl" not in skip:
         extra = ["hf-quanto"] if quanto_available() else []
@@ -607,14 +635,12 @@ def main(argv=None) -> int:
             print("transformers QuantizedCache: skipped, optimum-quanto is not installed")
         res["perplexity"] = perplexity(model, tok, test[:ppl_n], prefix, args.group_size, ["bf16", *METHODS, *extra])
 
-    if "speed" not in skip:
-        res["quant_us_per_token"] = quant_speed(model, tok, long_text, args.compress_len, args.group_size,
-                                                reps=2 if q else 5)
 
     if "decode" not in skip:
         prompts = [prefix[: 600 + 50 * i] for i in range(4)]  # ~150-200 token prompts: packed store in use
         res["decode_tokens_per_s"] = decode_speed(model, tok, prompts, ["bf16", *METHODS], args.group_size,
                                                   48 if q else 128)
+        save_partial(res, out)
 
     if "acc" not in skip:
         items = test[args.acc_start:args.acc_start + acc_n]
