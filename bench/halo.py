@@ -19,12 +19,12 @@ The workload, sweep and statistics live in ``llmkit.train.halo.experiment``:
 Legacy keys (``final_val_loss_halo``, ``steps_ratio_halo``, ...) are the means at
 the largest size; ``*_n<size>`` keys hold the other size, ``*_std`` the spreads.
 
-    .venv/bin/python bench/halo.py --quick     # sizes 8/64, 3 seeds, 6 steps, batch 2 x 128 tokens, lrs 1e-4/3e-4
+    .venv/bin/python bench/halo.py --quick     # sizes 8/64, 3 seeds, 6 steps, batch 2 x 128 tokens, lrs 3e-5/1e-4/3e-4
     .venv/bin/python bench/halo.py             # sizes 64/256, 3 seeds, 48 steps, batch 4 x 256 tokens, 4 lrs
 
 Cost (shared 2-core box, 1 torch thread, load 15-20 while 8 people ran models):
 one full-finetuning step of SmolLM2-135M is ~10-20 s at batch 2 x 128 tokens, a
-forward pass over 8 validation examples ~5-8 s. The quick preset is 8 sweep runs
+forward pass over 8 validation examples ~5-8 s. The quick preset is 12 sweep runs
 + 24 runs (4 schedules x 2 sizes x 3 seeds) of 6 steps, about an hour under that
 load. Its 6 steps give HALO a 3-step homotopy over 32 units (head with the tied
 matrix, 30 decoder layers, the tied matrix's input role) and validation at steps
@@ -53,7 +53,7 @@ RESULTS = REPO / "bench" / "results"
 METHODS = ("full", "halo", "lisa", "stepwise")
 
 QUICK = {"steps": 6, "batch": 2, "max_length": 128, "eval_every": 3, "sizes": "8,64", "seeds": 3, "n_val": 24,
-         "n_forget": 16, "n_sweep": 16, "lrs": "1e-4,3e-4", "pool": 1000, "forget_max_length": 192}
+         "n_forget": 16, "n_sweep": 16, "lrs": "3e-5,1e-4,3e-4", "pool": 1000, "forget_max_length": 192}
 FULL = {"steps": 48, "batch": 4, "max_length": 256, "eval_every": 6, "sizes": "64,256", "seeds": 3, "n_val": 64,
         "n_forget": 32, "n_sweep": 32, "lrs": "1e-5,3e-5,1e-4,3e-4", "pool": 1000,
         "forget_max_length": 512}
