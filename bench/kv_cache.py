@@ -478,7 +478,8 @@ def main(argv=None) -> int:
                     help="stop the accuracy run before a batch that would end after this many minutes")
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--compress-len", type=int, default=512)
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: ppl,acc,speed,decode,arms,capacity,serve")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: ppl,acc,speed,decode,arms,capacity,serve,quanto "
+                                                  "(quanto: transformers' QuantizedCache, which compiles optimum-quanto's extension on first use)")
     ap.add_argument("--calib-texts", type=int, default=None, help="GSM8K train texts (4 exemplars each) to calibrate on")
     ap.add_argument("--recalibrate", action="store_true", help="calibrate even if a calibration file exists")
     ap.add_argument("--long-ctx", type=int, default=2048, help="long-context tokens read back from the cache")
@@ -569,7 +570,7 @@ def main(argv=None) -> int:
                             "possible": pr["possible"],
                             "pairs_frac": (pr["k"] + pr["v"]) / pr["possible"] if pr["possible"] else 0.0,
                             "bytes": nb, "bytes_per_token": nb["total"] / args.bytes_len}
-        extra = ["hf-quanto"] if quanto_available() else []
+        extra = ["hf-quanto"] if quanto_available() and "quanto" not in skip else []
         base = [n for n in METHODS if n != "inquant"] + extra if "ppl" not in skip else []
         ppl = perplexity(model, tok, test[:ppl_n], prefix, args.group_size, ["bf16", *arms, *base])
         if "ppl" not in skip:  # the baselines' figures come from the same pass (same prefill per problem)
