@@ -129,3 +129,15 @@ def accelerate_cpu_launch(repo_root):
         return Launch(proc, Path(out))
 
     return launch
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """A test that sets torch's thread count must not leak it: vLLM's CPU attention checks that the thread
+    count its metadata was built with is the one it runs with, and fails later tests otherwise."""
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)

@@ -19,6 +19,8 @@ def conv(user, response=None):
 
 @pytest.fixture()
 def setup(tiny_model, tiny_tokenizer):
+    # restored afterwards: a thread count left at 1 breaks vLLM's CPU attention later in the session
+    n_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     rng = random.Random(0)
@@ -26,7 +28,8 @@ def setup(tiny_model, tiny_tokenizer):
     data = [conv(f"q {i}", " ".join(rng.choice(words) for _ in range(6))) for i in range(20)]
     guard = Guard.fit(tiny_model, tiny_tokenizer, data, model_name="tiny", layers=[1, 2], n_components=4)
     prompts = [conv(f"question number {i}") for i in range(5)]
-    return tiny_model, tiny_tokenizer, guard, prompts
+    yield tiny_model, tiny_tokenizer, guard, prompts
+    torch.set_num_threads(n_threads)
 
 
 def test_watch_only_equals_greedy_generation(setup):
