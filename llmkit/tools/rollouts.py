@@ -68,15 +68,7 @@ _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
 def _first_json_object(text: str):
-    dec = json.JSONDecoder()
-    for m in re.finditer(r"\{", text):
-        try:
-            obj, _ = dec.raw_decode(text[m.start():])
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            return obj
-    return None
+    return next(_json_objects(text), None)
 
 
 def parse_build(text: str) -> tuple[dict | None, str | None]:
