@@ -84,16 +84,8 @@ def scattered(n, seed=1):
             for i in range(n)]
 
 
-@pytest.fixture()
-def one_thread():
-    # restored afterwards: a thread count left at 1 breaks vLLM's CPU attention later in the session
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def test_guard_with_entropic_score_separates_and_round_trips(tiny_model, tiny_tokenizer, tmp_path, one_thread):
+def test_guard_with_entropic_score_separates_and_round_trips(tiny_model, tiny_tokenizer, tmp_path):
+    torch.set_num_threads(1)  # conftest restores it after the test
     g = Guard.fit(tiny_model, tiny_tokenizer, french(30, 0), model_name="tiny", layers=[1, 2], n_components=8,
                   target_fpr=0.1, score="entropic")
     assert g.score_kind == "entropic" and g.meta["score"] == "entropic"

@@ -19,17 +19,14 @@ def conv(user, response=None):
 
 @pytest.fixture()
 def setup(tiny_model, tiny_tokenizer):
-    # restored afterwards: a thread count left at 1 breaks vLLM's CPU attention later in the session
-    n_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # conftest restores it after the test
     torch.manual_seed(0)
     rng = random.Random(0)
     words = ["bonjour", "merci", "oui", "le chat", "la maison"]
     data = [conv(f"q {i}", " ".join(rng.choice(words) for _ in range(6))) for i in range(20)]
     guard = Guard.fit(tiny_model, tiny_tokenizer, data, model_name="tiny", layers=[1, 2], n_components=4)
     prompts = [conv(f"question number {i}") for i in range(5)]
-    yield tiny_model, tiny_tokenizer, guard, prompts
-    torch.set_num_threads(n_threads)
+    return tiny_model, tiny_tokenizer, guard, prompts
 
 
 def test_watch_only_equals_greedy_generation(setup):
