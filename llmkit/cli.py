@@ -21,6 +21,7 @@ COMMANDS = [
     "train",
     "eval",
     "serve",
+    "kv",
     "guard",
     "ldp-proxy",
     "steer",

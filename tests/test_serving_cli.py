@@ -45,6 +45,7 @@ def test_kv_cache_flag_builds_the_engine_with_the_named_factory(tiny_dir, monkey
 
     fake = types.ModuleType("llmkit.serving.kv_cache")
     fake.cache_factory = factory_for
+    fake.inquant_serving_factory = lambda model, calibration=None: (lambda m: None, "fake InQuant message")
     monkeypatch.setitem(sys.modules, "llmkit.serving.kv_cache", fake)
     args = build_parser().parse_args(["serve", "--model", str(tiny_dir), "--kv-cache", "inquant"])
     engine = build_engine(args)

@@ -26,7 +26,12 @@ def register(sub):
                    help="sequences per batch for the hf engine (default 32)")
     p.add_argument("--dtype", default=None, help="model dtype (default: float32 for hf, bfloat16 for vllm)")
     p.add_argument("--kv-cache", default=None, metavar="NAME",
-                   help="KV-cache implementation for the hf engine, e.g. 'inquant' (default: transformers' dynamic cache)")
+                   help="KV-cache implementation for the hf engine: inquant, kivi or outlier-buffer (default: "
+                   "transformers' dynamic cache). inquant uses the model's saved calibration (llmkit kv calibrate): "
+                   "per-token groups, attention-score gate, continuous batching; without one it says so and uses "
+                   "the uncalibrated per-channel cache with static batching")
+    p.add_argument("--kv-calibration", default=None, metavar="FILE",
+                   help="--kv-cache inquant: this calibration file instead of the model's default one")
     p.add_argument("--guard", default=None, metavar="DIR", help="a fitted guard folder (llmkit guard fit); checks every answer")
     p.add_argument("--guard-action", choices=("annotate", "block", "correct"), default="annotate",
                    help="what to do with flagged answers (default annotate)")
@@ -143,6 +148,8 @@ def build_engine(args, **hf_kw):
         if getattr(args, flag, None) is not None:
             raise UserError(f"--{flag.replace('_', '-')} works only with --engine vllm "
                             "(the hf engine takes --device cuda or --device auto)")
+    if getattr(args, "kv_calibration", None) and (args.kv_cache or "").lower() != "inquant":
+        raise UserError("--kv-calibration works only with --kv-cache inquant")
     cache_factory = None
     if args.kv_cache:
         from llmkit.serving.kv_cache import cache_factory as make_cache_factory
@@ -164,6 +171,16 @@ def build_engine(args, **hf_kw):
                       **kw, **hf_kw)
     if template is not None:
         engine.tokenizer.chat_template = template
+    if args.kv_cache and args.kv_cache.lower() == "inquant":
+        import sys
+
+        from llmkit.serving.kv_cache import inquant_serving_factory
+
+        try:
+            engine.cache_factory, msg = inquant_serving_factory(engine.model, getattr(args, "kv_calibration", None))
+        except ValueError as e:
+            raise UserError(f"--kv-cache inquant: {e}") from None
+        print(msg, file=sys.stderr, flush=True)
     if loras:
         try:
             engine.load_adapters(loras)

@@ -14,7 +14,13 @@ from pathlib import Path
 
 from transformers.cache_utils import Cache
 
-from llmkit.serving.kv_cache.calibration import InQuantCalibration, calibrate, default_calibration_path
+from llmkit.serving.kv_cache.calibration import (
+    SERVE_DEFAULTS,
+    InQuantCalibration,
+    calibrate,
+    default_calibration_path,
+    read_calibration_texts,
+)
 from llmkit.serving.kv_cache.inquant import (
     LAYOUTS,
     Descriptor,
@@ -114,8 +120,14 @@ class InQuantCache(QuantizedKVCache):
         return out
 
 
-@functools.lru_cache(maxsize=8)
 def _load_calibration(path: str):
+    """Load once per file version (a recalibrated file, newer mtime, is read again)."""
+    p = Path(path)
+    return _load_calibration_at(path, p.stat().st_mtime_ns if p.is_file() else None)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_calibration_at(path: str, mtime_ns):
     return InQuantCalibration.load(path)
 
 
@@ -150,8 +162,42 @@ def cache_factory(name: str | None, **kwargs):
     return lambda model: cls(model.config, **kwargs)
 
 
+def inquant_serving_factory(model, calibration: str | Path | None = None):
+    """The InQuant cache a server should use for ``model``: ``(factory, message)``.
+
+    With a calibration (the file ``calibration`` names, else the model's default path,
+    ``default_calibration_path(model)``, where ``llmkit kv calibrate`` saves it): the settings saved
+    with it (by default per-token groups + the attention-score gate), calibrated saliency and
+    descriptors shared by every cache, so requests are batched continuously. Without one: the
+    uncalibrated per-channel cache (saliency sampled from each batch's prompt, the ratio gate,
+    static batching), and the message says so and how to calibrate. A ``calibration`` path that
+    does not exist is an error (``FileNotFoundError``), not a silent fallback.
+    """
+    if calibration is not None and not Path(calibration).is_file():
+        raise FileNotFoundError(f"InQuant calibration file not found: {calibration}")
+    path = Path(calibration) if calibration is not None else default_calibration_path(model)
+    if not path.is_file():
+        msg = (f"InQuant: no calibration for this model at {path}: using the uncalibrated per-channel cache "
+               "(saliency sampled from each batch's prompt, ratio gate, static batching). Run `llmkit kv calibrate "
+               "--model <model>` once for the calibrated per-token/score cache with continuous batching.")
+        return cache_factory("inquant"), msg
+    cal = _load_calibration(str(path))
+    n_layers = _num_layers(model.config)
+    if cal.num_layers != n_layers:
+        raise ValueError(f"the InQuant calibration {path} has {cal.num_layers} layers, the model {n_layers} "
+                         "(it was made for another model; recalibrate with `llmkit kv calibrate`)")
+    settings = cal.cache_settings
+    factory = cache_factory("inquant", calibration=cal, **settings)
+    mode = "continuous batching" if factory(model).rows_mergeable else "static batching"
+    msg = (f"InQuant: calibrated from {path} ({cal.meta.get('texts', '?')} texts, {cal.meta.get('tokens', '?')} "
+           f"tokens): {settings['layout']} groups, {settings['gate']} gate, {settings['n_outliers']} outlier slots "
+           f"per kv-head, {mode}")
+    return factory, msg
+
+
 __all__ = [
     "CACHES",
+    "SERVE_DEFAULTS",
     "Descriptor",
     "InQuantCache",
     "InQuantCalibration",
@@ -164,6 +210,8 @@ __all__ = [
     "default_calibration_path",
     "estimate_descriptor",
     "gated_descriptor",
+    "inquant_serving_factory",
+    "read_calibration_texts",
     "sample_saliency",
     "select_outliers",
 ]

@@ -37,6 +37,10 @@ import torch
 from llmkit.serving.kv_cache.inquant import Descriptor, gated_descriptor, token_saliency
 
 FILENAME = "inquant_calibration.safetensors"
+# The cache settings a calibration is saved with when none are given: the configuration
+# bench/kv_cache.py measured best on the bundled model (per-token key/value groups, the per-head
+# attention-score gate, 4 outlier slots per kv-head). Serving reads them back from the file.
+SERVE_DEFAULTS = {"layout": "per-token", "gate": "score", "n_outliers": 4, "group_size": 128}
 _FIELDS = ("sal_k", "sal_v", "mag_k", "mag_v", "mean_k", "mean_v", "w_k", "w_v", "sample_k", "sample_v")
 
 
@@ -65,6 +69,12 @@ class InQuantCalibration:
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def cache_settings(self) -> dict:
+        """The ``InQuantCache`` settings saved with this calibration (``SERVE_DEFAULTS`` where the file
+        names none, e.g. one written by ``bench/kv_cache.py``)."""
+        return SERVE_DEFAULTS | dict(self.meta.get("cache") or {})
 
     def descriptor(self, layer: int, which: str, n_outliers: int = 4, max_stride: int = 8, gate: str = "score",
                    layout: str = "per-channel", group_size: int = 128, min_ratio: float = 15.0) -> Descriptor:
@@ -108,6 +118,60 @@ class InQuantCalibration:
             meta = json.loads(meta_s)
             layers = [{fld: f.get_tensor(f"{i}.{fld}") for fld in _FIELDS} for i in range(meta["layers"])]
         return cls(layers, meta)
+
+
+_TEXT_FIELDS = (("text",), ("question", "answer"), ("problem", "solution"), ("prompt", "completion"))
+
+
+def read_calibration_texts(path: str | Path, tokenizer, n_texts: int = 16, max_len: int = 512,
+                           start: int = 0) -> list[str]:
+    """``n_texts`` calibration texts of up to about ``max_len`` tokens from a user file.
+
+    ``.jsonl``: one record per line, read from record ``start`` on; a record's text is its ``text``
+    field, or ``question``+``answer`` (GSM8K), ``problem``+``solution`` (MATH-500) or
+    ``prompt``+``completion``, written ``"Question: ...\nAnswer: ...\n\n"``-style. Consecutive
+    records are packed into one text until it reaches ``max_len`` tokens. Any other file is plain
+    text, cut into consecutive pieces of ``max_len`` tokens. Fewer texts than asked is not an
+    error (short files give what they have); no text at all is.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"calibration data file not found: {path}")
+    if n_texts < 1 or max_len < 2:
+        raise ValueError(f"need n_texts >= 1 and max_len >= 2, got {n_texts} and {max_len}")
+    texts: list[str] = []
+    if path.suffix == ".jsonl":
+        cur, cur_len = "", 0
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip() or lineno <= start:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: malformed JSON line ({e.msg})") from None
+            fields = next((f for f in _TEXT_FIELDS if isinstance(rec, dict) and all(
+                isinstance(rec.get(k), str) for k in f)), None)
+            if fields is None:
+                raise ValueError(f"{path}:{lineno}: a record needs a 'text' field or question/answer, "
+                                 "problem/solution or prompt/completion fields")
+            part = rec["text"] + "\n\n" if fields == ("text",) else \
+                f"{fields[0].capitalize()}: {rec[fields[0]]}\n{fields[1].capitalize()}: {rec[fields[1]]}\n\n"
+            cur += part
+            cur_len += len(tokenizer(part, add_special_tokens=False).input_ids)
+            if cur_len >= max_len:
+                texts.append(cur)
+                cur, cur_len = "", 0
+                if len(texts) == n_texts:
+                    break
+        if cur and len(texts) < n_texts:
+            texts.append(cur)
+    else:
+        ids = tokenizer(path.read_text(encoding="utf-8"), add_special_tokens=False).input_ids
+        texts = [tokenizer.decode(ids[i:i + max_len]) for i in range(0, len(ids), max_len)][:n_texts]
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise ValueError(f"{path}: no calibration text in it")
+    return texts
 
 
 class _QueryCapture:
