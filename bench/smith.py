@@ -113,7 +113,9 @@ def main() -> int:
 
         torch.set_num_threads(args.threads)
     q = args.quick
-    n, grpo_steps, warm_steps = (4, 2, 6) if q else (8, 12, 60)
+    n, grpo_steps, warm_steps = (4, 2, 20) if q else (8, 12, 60)
+    # a third of the warm-start traces are use traces (the call format is learnt from few), two thirds build traces
+    warm_use_share = 0.34
     # a call is <= ~55 tokens (the answer line after it is not needed); a reference build trace up to ~230 tokens
     max_new, build_max_new = (64, 256) if q else (96, 320)
     work = Path(args.work) / ("quick" if q else "full")
@@ -127,10 +129,10 @@ def main() -> int:
     from llmkit.models import DEFAULT_MODEL, load, load_for_training
     from llmkit.tools import ToolPool, tasks
     from llmkit.tools.attacks import run_attacks
-    from llmkit.tools.evaluate import build_tools, evaluate, local_generator, sandbox_overhead
+    from llmkit.tools.evaluate import build_tools, build_verified_rate, evaluate, local_generator, sandbox_overhead
     from llmkit.train.smith.config import SmithConfig
     from llmkit.train.smith.recipe import main as smith_main
-    from llmkit.train.smith.recipe import warm_start
+    from llmkit.train.smith.recipe import ready_for_generation, warm_start
 
     fams = tasks.HELDOUT_FAMILIES
     todo = ("base", "warm", "smith", "combined_reward", "merge") if args.only is None else (args.only,)
@@ -168,22 +170,35 @@ def main() -> int:
                                      for k, v in built.items()}}
 
     def warm() -> dict:
-        # warm start once (training families only); SMITH and the combined-reward ablation both start from it
+        # warm start once (training families only); SMITH and the combined-reward ablation both start from it.
+        # build_verified_rate: share of build attempts on TRAINING-family prompts (greedy, one per family) that
+        # yield a verified tool, before and after the warm start
         t0 = time.time()
         wcfg = SmithConfig(output_dir=str(work / "warm"), use_cpu=True, bf16=False, report_to="none",
-                           warm_start_steps=warm_steps, warm_start_lr=2e-4 if q else 1e-4,
-                           warm_start_top_layers=10 if q else 0, per_device_train_batch_size=4,
-                           num_generations=4, build_examples=3, seed=0)
+                           warm_start_steps=warm_steps, warm_start_lr=3e-4 if q else 1e-4,
+                           warm_start_top_layers=10 if q else 0, warm_start_use_share=warm_use_share,
+                           per_device_train_batch_size=4, num_generations=4, build_examples=3, seed=0)
         wmodel, wtok = load_for_training(ModelConfig(model_name_or_path=DEFAULT_MODEL), output_dir=work)
-        wmodel = warm_start(wcfg, wmodel, wtok, tasks.TRAIN_FAMILIES, work / "warm")
-        out = {"warm_start_seconds": round(time.time() - t0, 1)}
+        out = {}
+        for when in ("before", "after"):
+            if when == "after":
+                t1 = time.time()
+                wmodel = warm_start(wcfg, wmodel, wtok, tasks.TRAIN_FAMILIES, work / "warm")
+                out["warm_start_seconds"] = round(time.time() - t1, 1)
+            ready_for_generation(wmodel)
+            bv = build_verified_rate(local_generator(wmodel, wtok, max_new_tokens=build_max_new, batch_size=9),
+                                     tasks.TRAIN_FAMILIES, attempts=1, examples=3, checks=4)
+            out[f"build_verified_rate_{when}"] = bv["rate"]
+            out[f"build_{when}"] = bv
+            print(f"build_verified_rate {when} warm start (training families, {bv['attempts']} attempts): "
+                  f"{bv['rate']:.3f}; failures " + ", ".join(f"{k} {v}" for k, v in bv["failures"].items()))
         if not q:  # the quick run measures the parse rate after warm start + GRPO only (the smith run), for time
-            wmodel.eval()
             r = evaluate(local_generator(wmodel, wtok, max_new_tokens=max_new), fams, mode="reference", n=n)
             out.update(warm_reference_tools=r["macro"], per_family=r["per_family"], parse=r["call_parse_rate"],
                        sample_replies=r["sample_replies"])
             print(f"held-out macro acc warm_reference_tools: {r['macro']:.3f}; use call parse rate after warm "
                   f"start {r['call_parse_rate']:.3f}")
+        out["warm_part_seconds"] = round(time.time() - t0, 1)
         wmodel.save_pretrained(work / "warm" / "model")
         wtok.save_pretrained(work / "warm" / "model")
         return out
@@ -193,7 +208,7 @@ def main() -> int:
         shutil.rmtree(out, ignore_errors=True)
         cfg = SmithConfig(output_dir=str(out), use_cpu=True, bf16=False, report_to="none", reward_aggregation=agg,
                           max_steps=grpo_steps, per_device_train_batch_size=4, num_generations=4,
-                          max_completion_length=192 if q else build_max_new, temperature=0.8, learning_rate=1e-5,
+                          max_completion_length=build_max_new, temperature=0.8, learning_rate=1e-5,
                           beta=0.0, logging_steps=1, save_strategy="no", num_prompts=8 * grpo_steps,
                           build_ratio=0.5, build_examples=3, build_checks=4, eval_n=n, eval_max_new_tokens=max_new,
                           eval_build_max_new_tokens=build_max_new, eval_no_tools=not q,

@@ -90,3 +90,39 @@ def test_local_generator_memoizes_greedy_replies(tiny_model, tiny_tokenizer, mon
     sampled = local_generator(tiny_model, tiny_tokenizer, max_new_tokens=3, temperature=1.0)
     sampled([conv("a")]), sampled([conv("a")])
     assert calls == [2, 1, 1, 1]  # sampling is never memoized
+
+
+def test_build_verified_rate_counts_verified_builds_and_buckets_each_failure():
+    """One writer per failure mode: the rate counts only the reference build; each other reply lands in its own
+    bucket (no spec, no code, schema mismatch, crash, wrong answers)."""
+    from llmkit.tools.evaluate import BUILD_FAILURES, build_verified_rate
+
+    ref = tasks.get("gcd").reference
+    spec = {"name": ref.name, "description": "", "parameters": ref.parameters, "returns": "integer"}
+    bad_schema = dict(spec, parameters={"type": "object", "properties": {"xs": {"type": "array"}}})
+
+    def reply(code, s=spec):
+        return f"```json\n{json.dumps(s)}\n```\n```python\n{code}\n```"
+
+    replies = {
+        "verified": reference_build_trace(tasks.get("gcd")),
+        "no_spec": "I cannot write that.",
+        "no_code": f"```json\n{json.dumps(spec)}\n```",
+        "schema": reply(ref.code, bad_schema),
+        "crash": reply("def gcd_of(numbers: list) -> int:\n    raise ValueError('no')"),
+        "wrong": reply("def gcd_of(numbers: list) -> int:\n    return 7"),
+    }
+    order = list(replies)
+    calls = []
+
+    def writer(convs):
+        calls.append(len(convs))
+        return [replies[order[i % len(order)]] for i in range(len(convs))]
+
+    r = build_verified_rate(writer, ["gcd"], attempts=len(order), checks=3, progress=False)
+    assert calls == [len(order)] and r["attempts"] == len(order)
+    assert r["rate"] == pytest.approx(1 / len(order)) and r["per_family"] == {"gcd": pytest.approx(1 / len(order))}
+    assert set(r["failures"]) == set(BUILD_FAILURES) and all(v == 1 for v in r["failures"].values())
+    assert r["samples"]["gcd"]["verdict"] == "verified"
+    with pytest.raises(ValueError, match="attempts"):
+        build_verified_rate(writer, ["gcd"], attempts=0)

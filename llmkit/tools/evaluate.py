@@ -10,6 +10,11 @@ the host's environment this is safe).
 * :func:`build_tools`: for each family, ``attempts`` build prompts with K examples; each reply is scored by
   :func:`llmkit.rewards.tools.score_build` on fresh instances and the best passing one (outcome >= ``min_score``)
   joins the pool with provenance.
+* :func:`build_verified_rate`: the share of build attempts (``attempts`` per family, fresh examples each) whose
+  reply becomes a verified tool (it would join the pool), with every failed attempt put in one bucket: ``no_spec``
+  (no JSON spec parsed), ``no_code``, ``schema`` (the spec's schema is invalid or does not match the signature or
+  the task's arguments), ``crash`` (the code did not run or returned the wrong type on some check), ``wrong`` (ran,
+  but some answer was wrong). Measures the writer before and after a warm start (``bench/smith.py``).
 * :func:`evaluate` answers ``n`` evaluation instances per family: with the pool's best tool for the family
   (a use rollout whose call runs in the sandbox), with the reference tool (``mode="reference"``), or with no tool
   (``mode="none"``, also the fallback for a family without a pooled tool). Accuracy is the exact verifier's;
@@ -105,6 +110,60 @@ def build_tools(gen: Generator, families, pool: ToolPool, *, examples: int = 3, 
         report[fam_name] = {"schema": s.schema, "code": s.code, "outcome": s.outcome, "added": added,
                             "reply": text[:2000]}
     return report
+
+
+BUILD_FAILURES = ("no_spec", "no_code", "schema", "crash", "wrong")
+
+
+def classify_build(s) -> str:
+    """``verified`` or the first failure bucket of :data:`BUILD_FAILURES` for a :func:`score_build` result."""
+    errs = s.detail.get("schema_errors") or []
+    if s.spec is None:  # no code: with a parsed spec "no_code", with nothing at all "no_spec"
+        return "no_spec" if s.detail.get("error") == "no tool spec and no code" else "no_code"
+    if "no spec" in errs:
+        return "no_spec"
+    if errs:
+        return "schema"
+    if s.code < 1.0:
+        return "crash"
+    if s.outcome < 1.0:
+        return "wrong"
+    return "verified"
+
+
+def build_verified_rate(gen: Generator, families, *, attempts: int = 2, examples: int = 3, checks: int = 4,
+                        seed: int = 0, limits: Limits | None = None, unsafe: bool = False,
+                        progress: bool = True) -> dict:
+    """Share of build attempts that yield a verified tool (outcome 1 on ``checks`` fresh instances, no schema
+    error), per family and over all; ``failures`` counts the failed attempts per bucket (:func:`classify_build`).
+    Examples come from training seeds ``seed + 7919 * a`` (never evaluation or check instances)."""
+    families = list(families)
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {attempts}")
+    convs, owners = [], []
+    for fam_name in families:
+        fam = tasks.get(fam_name)
+        for a in range(attempts):
+            convs.append(build_prompt(fam, fam.generate(examples, seed=seed + 7919 * a)))
+            owners.append((fam_name, a))
+    replies = gen(convs)
+    per_family: dict = {f: [] for f in families}
+    failures = dict.fromkeys(BUILD_FAILURES, 0)
+    samples: dict = {}
+    for (fam_name, a), text in tqdm(list(zip(owners, replies)), desc="verify builds", disable=not progress):
+        s = score_build(text, fam_name, seed + a, checks=checks, limits=limits, unsafe=unsafe)
+        verdict = classify_build(s)
+        per_family[fam_name].append(verdict == "verified")
+        if verdict != "verified":
+            failures[verdict] += 1
+        samples.setdefault(fam_name, {"verdict": verdict, "schema": s.schema, "code": s.code,
+                                      "outcome": s.outcome, "reply": text[:1200],
+                                      "errors": [str(e)[:200] for e in (s.detail.get("schema_errors") or [])
+                                                 + (s.detail.get("errors") or [])][:3]})
+    total = sum(len(v) for v in per_family.values())
+    return {"rate": sum(sum(v) for v in per_family.values()) / max(total, 1), "attempts": total,
+            "per_family": {f: sum(v) / len(v) for f, v in per_family.items()}, "failures": failures,
+            "samples": samples}
 
 
 def evaluate(gen: Generator, families, *, pool: ToolPool | None = None, mode: str = "pool", n: int = 10,
