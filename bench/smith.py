@@ -16,9 +16,12 @@ Conditions (held-out families only; none of them is seen in training):
                       the three axes normalized separately; the trained policy writes the tools and answers
   combined_reward     the same, with schema+code+outcome summed into one scalar before the advantage (ablation)
   student_*           the frozen base model answers with tools written by the trained policy / the untrained writer
-Warm start (documented deviation, training families only): SFT on reference-tool traces, two thirds use traces
-(the exact <tool_call> JSON + answer), one third build traces (spec + code); --quick trains only the top 10 layers
-for 6 steps of 4 traces, because a full backward pass does not fit the shared CPU.
+Warm start (documented deviation, training families only): SFT on reference-tool traces, one third use traces
+(the exact <tool_call> JSON + answer), two thirds build traces (spec + code); --quick trains only the top 10 layers
+for 20 steps of 4 traces, because a full backward pass does not fit the shared CPU. ``build_verified_rate``: the
+share of greedy build attempts on TRAINING-family prompts (one per family) that yield a verified tool, before and
+after the warm start (an earlier warm start of 6 steps with one third build traces left it at 0: the writer put
+argument values where the JSON Schema goes, so no GRPO group had any reward).
 Families without a verified tool fall back to answering without one (so a writer that makes no tool scores like
 no_tools). Sandbox: p50/p95 ms per call against an unconfined subprocess running the same runner (the anchor), and
 the attack set of llmkit.tools.attacks (escapes must be 0).
@@ -82,7 +85,8 @@ def curves(metrics: Path) -> dict:
         rec = json.loads(line)
         for key, name in (("rewards/schema_reward/mean", "schema_reward"), ("rewards/code_reward/mean", "code_reward"),
                           ("rewards/outcome_reward/mean", "outcome_reward"), ("smith/pool_size", "pool_size"),
-                          ("rewards/combined_reward/mean", "combined_reward")):
+                          ("rewards/combined_reward/mean", "combined_reward"),
+                          ("frac_reward_zero_std", "frac_reward_zero_std"), ("smith/use_fraction", "use_fraction")):
             if isinstance(rec.get(key), (int, float)):
                 out.setdefault(name, ([], []))
                 out[name][0].append(rec["step"])
@@ -129,7 +133,13 @@ def main() -> int:
     from llmkit.models import DEFAULT_MODEL, load, load_for_training
     from llmkit.tools import ToolPool, tasks
     from llmkit.tools.attacks import run_attacks
-    from llmkit.tools.evaluate import build_tools, build_verified_rate, evaluate, local_generator, sandbox_overhead
+    from llmkit.tools.evaluate import (
+        build_tools,
+        build_verified_rate,
+        evaluate,
+        local_generator,
+        sandbox_overhead,
+    )
     from llmkit.train.smith.config import SmithConfig
     from llmkit.train.smith.recipe import main as smith_main
     from llmkit.train.smith.recipe import ready_for_generation, warm_start
@@ -225,14 +235,14 @@ def main() -> int:
                      "pool_growth": ev["pool_growth"], "heldout_builds": ev["after"]["built"],
                      "policy_no_tools_macro": (ev["after"]["no_tools"] or {}).get("macro"),
                      "curves": curves(out / "metrics.jsonl")}}
-        last = {k: v[1][-1] for k, v in d["run"]["curves"].items() if v[1]}
+        per_step = {k: "[" + ", ".join(f"{y:.2f}" for y in v[1]) + "]" for k, v in d["run"]["curves"].items() if v[1]}
         nt = d["run"]["policy_no_tools_macro"]
         print(f"held-out macro acc {name}: {d['macro']:.3f}"
               + (f" (policy without tools {nt:.3f})" if nt is not None else "")
               + (f" (policy with the reference tools {d['reference_macro']:.3f}, use call parse rate "
                  f"{d['parse']:.3f})" if ref else "")
-              + f"; training pool {ev['pool_size']} tools; last-step axes "
-              + ", ".join(f"{k} {v:.2f}" for k, v in last.items()))
+              + f"; training pool {ev['pool_size']} tools; per step "
+              + ", ".join(f"{k} {v}" for k, v in per_step.items()))
         return d
 
     for part in todo:
@@ -279,11 +289,17 @@ def main() -> int:
     for k in ("smith", "combined_reward", "untrained_writer", "reference_tools"):
         print(f"difference {k} - no_tools: {cond[k] - cond['no_tools']:+.3f}")
 
+    for k in ("before", "after"):
+        if f"build_verified_rate_{k}" in w:
+            print(f"build_verified_rate {k} warm start: {w[f'build_verified_rate_{k}']:.3f}")
     ov, escapes = b["sandbox"], b["escapes"]
     res: dict = {"quick": q, "model": DEFAULT_MODEL, "n_per_family": n, "grpo_steps": grpo_steps,
                  "warm_start_steps": warm_steps, "max_new_tokens": max_new, "build_max_new_tokens": build_max_new,
                  "heldout": list(fams), "train_families": list(tasks.TRAIN_FAMILIES),
-                 "warm_start_seconds": w.get("warm_start_seconds"), "sandbox": ov, "attacks": b["attacks"],
+                 "warm_start_seconds": w.get("warm_start_seconds"),
+                 "build_verified_rate_before": w.get("build_verified_rate_before"),
+                 "build_verified_rate_after": w.get("build_verified_rate_after"),
+                 "warm_builds": {k: w.get(f"build_{k}") for k in ("before", "after")}, "sandbox": ov, "attacks": b["attacks"],
                  "untrained_builds": b["untrained_builds"], "conditions": cond, "per_family": per_fam, "runs": runs,
                  "use_call_parse_rate": parse, "sample_replies": samples,
                  "merge_seconds": round(time.time() - t_start, 1)}
@@ -302,7 +318,10 @@ def main() -> int:
                "heldout_macro_acc_smith_reference_tools": cond.get("smith_reference_tools"),
                "use_call_parse_rate_base": parse["base"], "use_call_parse_rate_warm_start": parse.get("warm_start"),
                "use_call_parse_rate": parse.get("smith"),
+               "build_verified_rate_before": w.get("build_verified_rate_before"),
+               "build_verified_rate_after": w.get("build_verified_rate_after"),
                "pool_size": runs["smith"]["pool_size"],
+               "pool_size_combined_reward": runs["combined_reward"]["pool_size"],
                "sandbox_p50_ms": round(ov["p50_ms"], 2), "sandbox_p95_ms": round(ov["p95_ms"], 2),
                "sandbox_overhead_ratio": round(ov["ratio"], 3), "sandbox_escapes": escapes}
     print(json.dumps(summary))
