@@ -44,8 +44,10 @@ Figures (each measured against its anchor in the same run):
 - capacity: sequences of ``--cap-len`` tokens that fit ``--cap-gib`` GiB of KV cache, from the
   bytes each cache holds per token (per-channel layouts charged a full window at bf16), vs bf16.
 - served throughput at a fixed KV budget (what ``--serve-bf16-rows`` bf16 sequences of prompt +
-  new tokens hold): GSM8K chat requests submitted at once to the hf engine's streaming batcher,
-  concurrent rows capped at what fits the budget (bf16 vs InQuant, continuously batched).
+  new tokens hold): GSM8K chat requests of mixed lengths arriving ``--serve-gap`` seconds apart
+  at the hf engine's streaming batcher, concurrent rows capped at what fits the budget; bf16 vs
+  the InQuant cache ``llmkit serve --kv-cache inquant`` builds from the calibration
+  (``inquant_serving_factory``), both continuously batched (late requests join running batches).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from llmkit.models import load
 from llmkit.serving.kv_cache import (
     CACHES,
+    SERVE_DEFAULTS,
     InQuantCache,
     InQuantCalibration,
     calibrate,
@@ -395,14 +398,22 @@ def report(res: dict) -> dict:
         print(f"capacity InQuant ({DEFAULT_ARM}) / bf16: {figs['capacity_ratio_vs_bf16']:.3f}x")
     if "served" in res:
         sv = res["served"]
+        arr = sv.get("arrivals_s")
+        how = (f"arrivals staggered {arr[-1] - arr[-2]:.2f} s apart after {arr.count(0.0)} at once, "
+               f"{min(sv['new_tokens_each'])}-{max(sv['new_tokens_each'])} new tokens each"
+               if arr and len(arr) > 1 else f"all at once, up to {sv['new_tokens']} new each")
         for n, r in sv["results"].items():
             print(f"served at a KV budget of {sv['budget_bytes'] / 2**20:.1f} MiB ({sv['rows']['bf16']} bf16 sequences of "
                   f"{sv['seq_len']} tokens) {n}: {sv['rows'][n]} concurrent rows, {r['tokens_per_s']:.1f} tokens/s "
-                  f"({r['tokens']} tokens of {sv['requests']} GSM8K requests, up to {sv['new_tokens']} new each, "
+                  f"({r['tokens']} tokens of {sv['requests']} GSM8K requests, {how}; "
                   f"max batch seen {r['max_batch_seen']}, {r['joined']} joined a running batch)")
         figs["served_throughput_ratio_vs_bf16"] = round(sv["results"]["inquant"]["tokens_per_s"]
                                                         / sv["results"]["bf16"]["tokens_per_s"], 3)
+        figs["served_joined_inquant"] = sv["results"]["inquant"]["joined"]
         print(f"served throughput InQuant/bf16 at the same KV budget: {figs['served_throughput_ratio_vs_bf16']:.3f}x")
+        if "same_answers" in sv:
+            figs["served_same_answer_frac"] = round(sv["same_answers"] / sv["requests"], 4)
+            print(f"served answers identical InQuant vs bf16 (greedy): {sv['same_answers']}/{sv['requests']}")
     if "decode_tokens_per_s" in res:
         d = res["decode_tokens_per_s"]
         for n in ["bf16", *METHODS]:
@@ -489,8 +500,12 @@ def main(argv=None) -> int:
     ap.add_argument("--bytes-len", type=int, default=512,
                     help="prefill length at which bytes/token are measured (a multiple of --group-size: whole groups)")
     ap.add_argument("--cap-gib", type=float, default=8.0, help="KV budget (GiB) of the capacity figure")
-    ap.add_argument("--serve-n", type=int, default=None, help="requests served at the KV budget (default 12 quick, 32 full)")
-    ap.add_argument("--serve-new", type=int, default=None, help="new tokens per served request (default 32 quick, 128 full)")
+    ap.add_argument("--serve-n", type=int, default=None, help="requests served at the KV budget (default 12 quick, 16 full)")
+    ap.add_argument("--serve-new", type=int, default=None,
+                    help="most new tokens per served request (default 32 quick, 64 full; requests cycle through "
+                         "1, 1/2, 3/4, 1/4 of it)")
+    ap.add_argument("--serve-gap", type=float, default=1.0,
+                    help="seconds between served requests' arrivals after the first --serve-bf16-rows (default 1)")
     ap.add_argument("--serve-bf16-rows", type=int, default=2,
                     help="the served KV budget: what this many bf16 sequences of prompt+new tokens hold")
     ap.add_argument("--report", default=None, metavar="JSON",
@@ -543,8 +558,9 @@ def main(argv=None) -> int:
     global CALIBRATION
     cal_path = default_calibration_path(model)
     n_cal = args.calib_texts or (4 if q else 16)
-    if cal_path.exists() and not args.recalibrate and InQuantCalibration.load(cal_path).meta.get("texts") == n_cal:
-        CALIBRATION = InQuantCalibration.load(cal_path)
+    saved = InQuantCalibration.load(cal_path) if cal_path.exists() and not args.recalibrate else None
+    if saved is not None and saved.meta.get("texts") == n_cal and saved.cache_settings == SERVE_DEFAULTS:
+        CALIBRATION = saved
         res["calibration"] = {"path": str(cal_path), "reused": True, **CALIBRATION.meta}
     else:
         # GSM8K train rows 100.. (the few-shot exemplars are rows 0..11), 4 exemplars per text
@@ -554,6 +570,7 @@ def main(argv=None) -> int:
         CALIBRATION.save(cal_path)
         res["calibration"] = {"path": str(cal_path), "reused": False, "seconds": time.perf_counter() - t0,
                               **CALIBRATION.meta}
+    CALIBRATION.meta["path"] = str(cal_path)
     print(f"InQuant calibration: {res['calibration']['texts']} GSM8K train texts, {res['calibration']['tokens']} "
           f"tokens ({'reused' if res['calibration']['reused'] else 'made'}: {cal_path})")
 
@@ -601,24 +618,35 @@ def main(argv=None) -> int:
         save_partial(res, out)
 
     if "serve" not in skip:
-        from llmkit.serving.kv_cache import cache_factory
+        from llmkit.serving.kv_cache import inquant_serving_factory
 
-        n_req, n_new = args.serve_n or (12 if q else 32), args.serve_new or (32 if q else 128)
+        n_req, n_new = args.serve_n or (12 if q else 16), args.serve_new or (32 if q else 64)
         prompts = [tok.apply_chat_template([{"role": "user", "content": it["question"]}], tokenize=False,
                                            add_generation_prompt=True) for it in test[:n_req]]
+        # mixed lengths (rows finish at different steps) and staggered arrivals (requests come in while
+        # a batch decodes): later requests join running batches, as on a real server
+        news = [max(1, round(n_new * f)) for f in (1.0, 0.5, 0.75, 0.25)] * n_req
+        news = news[:n_req]
+        arrivals = kve.arrival_offsets(n_req, args.serve_gap, burst=args.serve_bf16_rows)
         seq_len = max(len(tok(p_, add_special_tokens=False).input_ids) for p_ in prompts) + n_new
         budget = args.serve_bf16_rows * seq_len * kve.bf16_bytes_per_token(model.config)
         inq = kve.bytes_per_token(model, lambda: make_cache("inquant", model, args.group_size),
                                   kv=kve.prefill_kv(model, bytes_ids(tok, args.bytes_len)))
-        _, lay, gate = DEFAULT_ARM.split("/")
-        factory = cache_factory("inquant", layout=lay, gate=gate, calibration=CALIBRATION, group_size=args.group_size)
+        # the cache `llmkit serve --kv-cache inquant` builds from this calibration
+        factory, msg = inquant_serving_factory(model, CALIBRATION)
+        print(msg)
+        probe = factory(model)
+        if (probe.layout, probe.gate) != tuple(DEFAULT_ARM.split("/")[1:]) or not probe.rows_mergeable:
+            raise SystemExit(f"the serving cache is {probe.layout}/{probe.gate}, not {DEFAULT_ARM} (continuously batched)")
         rows = {"bf16": args.serve_bf16_rows, "inquant": kve.capacity(inq["held"], budget, seq_len, inq["window_bytes"])}
         served = {}
         for name in ("bf16", "inquant"):
-            served[name] = kve.served_throughput(model, tok, prompts, n_new, rows[name],
-                                                 None if name == "bf16" else factory)
-        res["served"] = {"requests": n_req, "new_tokens": n_new, "seq_len": seq_len, "budget_bytes": budget,
-                         "rows": rows, "results": served}
+            served[name] = kve.served_throughput(model, tok, prompts, news, rows[name],
+                                                 None if name == "bf16" else factory, arrivals=arrivals)
+        same = sum(a == b for a, b in zip(served["bf16"]["texts"], served["inquant"]["texts"]))
+        res["served"] = {"requests": n_req, "new_tokens": n_new, "new_tokens_each": news, "arrivals_s": arrivals,
+                         "seq_len": seq_len, "budget_bytes": budget, "rows": rows, "results": served,
+                         "same_answers": same, "serving_cache": msg}
         save_partial(res, out)
 
     if "compression" not in skip:

@@ -94,3 +94,50 @@ def test_merge_refuses_different_descriptors():
     b.update(y, y)
     with pytest.raises(ValueError, match="different descriptors"):
         a.merge_rows(b, 4)
+
+
+@pytest.fixture()
+def planted_calibrated():
+    """A tiny Llama whose kv-heads have outlier key channels (a RoPE pair of k_proj rows scaled 30x),
+    calibrated: the score gate keeps outlier pairs, so the 8-bit in-place path runs."""
+    model, tok = tiny_llama(), tiny_tokenizer()
+    D = model.config.hidden_size // model.config.num_attention_heads
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for h in range(model.config.num_key_value_heads):
+                for c in (2, 2 + D // 2):
+                    layer.self_attn.k_proj.weight[h * D + c] *= 30.0
+    g = torch.Generator().manual_seed(0)
+    cal = calibrate(model, [torch.randint(3, len(tok), (160,), generator=g) for _ in range(4)], sample_tokens=256)
+    return model, tok, cal
+
+
+def test_staggered_arrivals_join_the_running_inquant_batch_and_answer_as_alone(planted_calibrated):
+    """The served-throughput workload with staggered arrivals: later requests join a running batch
+    of the calibrated per-token/score InQuant cache (outlier pairs in use), and every answer equals
+    that request served alone."""
+    from llmkit.serving.kv_cache import evaluate as kve
+
+    model, tok, cal = planted_calibrated
+    factory = cache_factory("inquant", layout="per-token", gate="score", calibration=cal)
+    probe = factory(model)
+    model(torch.randint(3, 100, (1, 8)), past_key_values=probe, use_cache=True)
+    assert probe.outlier_pairs()["k"] > 0  # the in-place outlier path is on
+    prompts = ["a long first prompt that starts the batch", "hi", "medium size", "four", "and a fifth one"]
+    news = [48, 20, 16, 24, 12]
+    arrivals = kve.arrival_offsets(len(prompts), gap_s=0.01)
+    r = kve.served_throughput(model, tok, prompts, news, max_batch_size=3, cache_factory=factory, arrivals=arrivals)
+    assert r["joined"] >= 1 and r["max_batch_seen"] <= 3
+    for i, p in enumerate(prompts):
+        alone = kve.served_throughput(model, tok, [p], news[i], max_batch_size=3, cache_factory=factory)
+        assert r["texts"][i] == alone["texts"][0], p
+        assert alone["joined"] == 0
+
+
+def test_arrival_offsets():
+    from llmkit.serving.kv_cache import evaluate as kve
+
+    assert kve.arrival_offsets(5, 0.5, burst=2) == [0.0, 0.0, 0.5, 1.0, 1.5]
+    assert kve.arrival_offsets(3, 0.0) == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="gap_s >= 0"):
+        kve.arrival_offsets(3, -1.0)

@@ -165,7 +165,7 @@ def cache_factory(name: str | None, **kwargs):
 def inquant_serving_factory(model, calibration: str | Path | None = None):
     """The InQuant cache a server should use for ``model``: ``(factory, message)``.
 
-    With a calibration (the file ``calibration`` names, else the model's default path,
+    With a calibration (an ``InQuantCalibration``, the file ``calibration`` names, else the model's default path,
     ``default_calibration_path(model)``, where ``llmkit kv calibrate`` saves it): the settings saved
     with it (by default per-token groups + the attention-score gate), calibrated saliency and
     descriptors shared by every cache, so requests are batched continuously. Without one: the
@@ -173,15 +173,18 @@ def inquant_serving_factory(model, calibration: str | Path | None = None):
     static batching), and the message says so and how to calibrate. A ``calibration`` path that
     does not exist is an error (``FileNotFoundError``), not a silent fallback.
     """
-    if calibration is not None and not Path(calibration).is_file():
-        raise FileNotFoundError(f"InQuant calibration file not found: {calibration}")
-    path = Path(calibration) if calibration is not None else default_calibration_path(model)
-    if not path.is_file():
+    if isinstance(calibration, InQuantCalibration):  # already loaded (the bench's own)
+        cal, path = calibration, calibration.meta.get("path", "memory")
+    else:
+        if calibration is not None and not Path(calibration).is_file():
+            raise FileNotFoundError(f"InQuant calibration file not found: {calibration}")
+        path = Path(calibration) if calibration is not None else default_calibration_path(model)
+        cal = _load_calibration(str(path)) if path.is_file() else None
+    if cal is None:
         msg = (f"InQuant: no calibration for this model at {path}: using the uncalibrated per-channel cache "
                "(saliency sampled from each batch's prompt, ratio gate, static batching). Run `llmkit kv calibrate "
                "--model <model>` once for the calibrated per-token/score cache with continuous batching.")
         return cache_factory("inquant"), msg
-    cal = _load_calibration(str(path))
     n_layers = _num_layers(model.config)
     if cal.num_layers != n_layers:
         raise ValueError(f"the InQuant calibration {path} has {cal.num_layers} layers, the model {n_layers} "

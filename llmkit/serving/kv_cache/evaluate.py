@@ -120,12 +120,25 @@ def capacity(bytes_per_tok: float, budget_bytes: int, seq_len: int, window_bytes
     return math.floor(budget_bytes / (bytes_per_tok * seq_len + window_bytes))
 
 
-def served_throughput(model, tokenizer, prompts: list[str], max_new_tokens: int, max_batch_size: int,
-                      cache_factory=None, timeout_s: float = 1800.0) -> dict:
-    """Serve ``prompts`` all at once through the hf engine's streaming batcher with at most
-    ``max_batch_size`` concurrent rows (what a KV budget allows), greedy, up to ``max_new_tokens``
-    each (a row that reaches EOS stops early; tokens are counted as produced). Returns generated
-    tokens, seconds, tokens/s and the batcher's counters."""
+def arrival_offsets(n: int, gap_s: float, burst: int = 1) -> list[float]:
+    """Submission times (seconds after the start) of ``n`` requests: ``burst`` at once, then one
+    every ``gap_s`` seconds, so later requests arrive while earlier ones decode."""
+    if n < 0 or gap_s < 0 or burst < 1:
+        raise ValueError(f"arrival_offsets needs n >= 0, gap_s >= 0, burst >= 1, got {n}, {gap_s}, {burst}")
+    return [max(0, i - burst + 1) * gap_s for i in range(n)]
+
+
+def served_throughput(model, tokenizer, prompts: list[str], max_new_tokens: int | list[int], max_batch_size: int,
+                      cache_factory=None, timeout_s: float = 1800.0, arrivals: list[float] | None = None) -> dict:
+    """Serve ``prompts`` through the hf engine's streaming batcher with at most ``max_batch_size``
+    concurrent rows (what a KV budget allows), greedy, up to ``max_new_tokens`` each (one number,
+    or one per prompt; a row that reaches EOS stops early; tokens are counted as produced).
+
+    ``arrivals`` (seconds after the start, one per prompt; default all at 0) staggers submissions:
+    a request that arrives while a batch runs joins it at the next step when the cache's rows can
+    be merged (continuous batching), and ``joined`` counts those. Returns generated tokens,
+    seconds (first submission to last answer), tokens/s, the batcher's counters and each answer's
+    ``texts`` (prompt order)."""
     import threading
     import time
 
@@ -135,26 +148,39 @@ def served_throughput(model, tokenizer, prompts: list[str], max_new_tokens: int,
 
     if max_batch_size < 1:
         raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    news = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
+    arrivals = list(arrivals) if arrivals is not None else [0.0] * len(prompts)
+    if len(news) != len(prompts) or len(arrivals) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(news)} max_new_tokens and {len(arrivals)} arrivals")
+    if any(t < 0 for t in arrivals) or any(n < 1 for n in news):
+        raise ValueError("arrivals must be >= 0 and max_new_tokens >= 1")
     loop = HFEngine(model, tokenizer, cache_factory=cache_factory).start_streaming(max_batch_size=max_batch_size)
-    done, counts, lock = threading.Event(), {}, threading.Lock()
+    done, counts, texts, lock = threading.Event(), {}, {}, threading.Lock()
     errors = []
 
     def on_event(i):
+        parts = []
+
         def f(ev):
+            parts.append(ev.text or "")
             if ev.finish_reason:
                 with lock:
-                    counts[i] = ev.n_tokens
+                    counts[i], texts[i] = ev.n_tokens, "".join(parts)
                     if ev.error:
                         errors.append(ev.error)
                     if len(counts) == len(prompts):
                         done.set()
         return f
 
+    order = sorted(range(len(prompts)), key=lambda i: arrivals[i])
+    ids = {i: tokenizer(prompts[i], add_special_tokens=False)["input_ids"] for i in order}
     t0 = time.perf_counter()
     try:
-        for i, p in enumerate(prompts):
-            loop.submit(StreamRequest(tokenizer(p, add_special_tokens=False)["input_ids"],
-                                      GenerationParams(max_new_tokens=max_new_tokens), on_event(i)))
+        for i in order:
+            wait = t0 + arrivals[i] - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            loop.submit(StreamRequest(ids[i], GenerationParams(max_new_tokens=news[i]), on_event(i)))
         if not done.wait(timeout_s):
             raise TimeoutError(f"served_throughput: {len(prompts) - len(counts)} requests unfinished after {timeout_s} s")
     finally:
@@ -164,4 +190,5 @@ def served_throughput(model, tokenizer, prompts: list[str], max_new_tokens: int,
         raise RuntimeError(f"served_throughput: a request failed: {errors[0]}")
     n = sum(counts.values())
     return {"tokens": n, "seconds": dt, "tokens_per_s": n / dt, "max_batch_size": max_batch_size,
-            "max_batch_seen": loop.max_batch_seen, "joined": loop.joined}
+            "max_batch_seen": loop.max_batch_seen, "joined": loop.joined, "batches": loop.batches,
+            "texts": [texts[i] for i in range(len(prompts))]}
