@@ -285,6 +285,22 @@ def test_tuned_runs_selects_on_validation_reports_test_and_reruns_the_chosen_lr_
     assert r["best_lr"] == 0.3 and r["best_lr_at_edge"]
 
 
+def test_paired_seed_diff_pairs_by_seed_and_counts_wins():
+    from llmkit.train.lqzo.benchlib import paired_seed_diff
+
+    a = [{"seed": 2, "test": {"eval_loss": 5.0}}, {"seed": 0, "test": {"eval_loss": 8.0}},
+         {"seed": 1, "test": {"eval_loss": 7.5}}]
+    b = [{"seed": 0, "test": {"eval_loss": 8.5}}, {"seed": 1, "test": {"eval_loss": 7.0}},
+         {"seed": 3, "test": {"eval_loss": 1.0}}]
+    d = paired_seed_diff(a, b)
+    assert d["seeds"] == [0, 1]  # only the shared seeds, matched by seed and not by position
+    assert d["diffs"] == pytest.approx([-0.5, 0.5])
+    assert d["mean"] == pytest.approx(0.0) and d["std"] == pytest.approx(0.5 ** 0.5)
+    assert d["a_better"] == 1
+    with pytest.raises(ValueError, match="no seed"):
+        paired_seed_diff(a, [{"seed": 9, "test": {"eval_loss": 1.0}}])
+
+
 def test_bench_splits_keep_train_validation_and_test_disjoint(tmp_path):
     from llmkit.train.lqzo.benchlib import bench_splits
 

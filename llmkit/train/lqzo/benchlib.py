@@ -290,6 +290,21 @@ def seed_stats(runs: list[dict], key: str) -> dict:
     return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "values": vals}
 
 
+def paired_seed_diff(runs_a: list[dict], runs_b: list[dict], key: str = "eval_loss") -> dict:
+    """``a - b`` of ``run['test'][key]`` for the seeds both cells ran (same seed = same batch order and the
+    same test rows, so the pairing removes the data-order part of the spread): ``{seeds, diffs, mean, std,
+    a_better}`` (``a_better``: how many seeds have ``a < b``, i.e. a lower loss). ``ValueError`` without a
+    shared seed."""
+    a = {r["seed"]: r["test"][key] for r in runs_a if key in r["test"]}
+    b = {r["seed"]: r["test"][key] for r in runs_b if key in r["test"]}
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        raise ValueError(f"no seed has {key!r} in both cells (seeds {sorted(a)} vs {sorted(b)})")
+    diffs = [a[s] - b[s] for s in seeds]
+    return {"seeds": seeds, "diffs": diffs, "mean": statistics.fmean(diffs),
+            "std": statistics.stdev(diffs) if len(diffs) > 1 else 0.0, "a_better": sum(d < 0 for d in diffs)}
+
+
 # ----------------------------------------------------------------------------- probes (fresh process each)
 
 
