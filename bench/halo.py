@@ -54,9 +54,8 @@ METHODS = ("full", "halo", "lisa", "stepwise")
 
 QUICK = {"steps": 6, "batch": 2, "max_length": 128, "eval_every": 3, "sizes": "8,64", "seeds": 3, "n_val": 24,
          "n_forget": 16, "n_sweep": 16, "lrs": "3e-5,1e-4,3e-4", "pool": 1000, "forget_max_length": 192}
-FULL = {"steps": 48, "batch": 4, "max_length": 256, "eval_every": 6, "sizes": "64,256", "seeds": 3, "n_val": 64,
-        "n_forget": 32, "n_sweep": 32, "lrs": "1e-5,3e-5,1e-4,3e-4", "pool": 1000,
-        "forget_max_length": 512}
+FULL = {"steps": 20, "batch": 2, "max_length": 128, "eval_every": 5, "sizes": "8,32", "seeds": 3, "n_val": 24,
+        "n_forget": 16, "n_sweep": 16, "lrs": "3e-5,1e-4,3e-4", "pool": 1000, "forget_max_length": 192}
 SWEEP_ROWS_FROM = 7000  # GSM8K train rows from here on form the sweep split (the pool is the first `pool` rows)
 
 
