@@ -19,20 +19,31 @@ The workload, sweep and statistics live in ``llmkit.train.halo.experiment``:
 Legacy keys (``final_val_loss_halo``, ``steps_ratio_halo``, ...) are the means at
 the largest size; ``*_n<size>`` keys hold the other size, ``*_std`` the spreads.
 
-    .venv/bin/python bench/halo.py --quick     # sizes 8/64, 3 seeds, 6 steps, batch 2 x 128 tokens, lrs 3e-5/1e-4/3e-4
-    .venv/bin/python bench/halo.py             # sizes 64/256, 3 seeds, 48 steps, batch 4 x 256 tokens, 4 lrs
+    .venv/bin/python bench/halo.py --quick     # sizes 8/64, 3 seeds, 6 steps, val at steps 3/6, lrs 3e-5/1e-4/3e-4
+    .venv/bin/python bench/halo.py             # sizes 8/32, 3 seeds, 20 steps, val every 5 steps, same lrs
 
-Cost (shared 2-core box, 1 torch thread, load 15-20 while 8 people ran models):
-one full-finetuning step of SmolLM2-135M is ~10-20 s at batch 2 x 128 tokens, a
-forward pass over 8 validation examples ~5-8 s. The quick preset is 12 sweep runs
-+ 24 runs (4 schedules x 2 sizes x 3 seeds) of 6 steps, about an hour under that
-load. Its 6 steps give HALO a 3-step homotopy over 32 units (head with the tied
-matrix, 30 decoder layers, the tied matrix's input role) and validation at steps
-3 and 6: a test of the machinery and of the direction of effects at 1.5 epochs
-(8 examples) and 0.2 epochs (64), not of the paper's long-run claim. GSM8K
-prompts are ~90 tokens, so 128 tokens train and score the first ~40 answer
-tokens. The full preset is ~20x that compute and did not fit the shared
-machine's time when this was written.
+Both presets use batch 2 x 128 tokens (GSM8K prompts are ~90 tokens, so a
+sequence trains and scores the first ~40 answer tokens) and 1 torch thread.
+
+Cost, measured on the quiet shared box (2 cores, 1 thread): one full-finetuning
+step of SmolLM2-135M at batch 2 x 128 tokens takes ~3.5 s (batch 4 x 256: ~13 s),
+the completion loss over 16 examples at 128 tokens ~12.5 s (at 256: ~28 s), 16
+MATH-500 solutions at 384 tokens ~46 s. The first-pass full preset (sizes 64/256,
+48 steps of batch 4 x 256, 64 val rows every 6 steps, 4 lrs) is ~6 slot-hours;
+the shared box gave this run ~80 slot-minutes, so the full preset is cut where
+it matters least: shorter sequences and fewer steps, but 3 seeds, every schedule
+at its own swept rate (12 sweep runs), a 24-row validation set scored every 5
+steps (5 points per curve), forgetting on 16 MATH-500 solutions, and two sizes
+that both repeat data within the 40-example budget (20 steps x 2): n=8 is 5
+epochs, n=32 is 1.25 epochs. (At 20 steps, 64 and 256 rows would both be under
+one epoch and behave the same, so they would not test the low-resource regime.)
+About 160 s per run + 85 s per sweep run, ~80 slot-minutes in all; split it
+over two processes with ``--methods full halo`` and ``--methods lisa stepwise``.
+
+HALO's homotopy takes the first half of the budget (10 steps here) over 32 units
+(the head with the tied matrix, 30 decoder layers, the tied matrix's input role);
+LISA resamples its 2 layers every 4 steps. The quick preset (6 steps, val at 3
+and 6) tests the machinery and the direction of effects only.
 
 Every run is saved to ``bench/results/halo_parts/<name>/<run>.json`` as it finishes;
 a rerun with the same configuration skips finished runs (``--fresh`` retrains all),
