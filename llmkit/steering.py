@@ -199,13 +199,25 @@ def extract(model, tokenizer, pairs: Sequence[tuple], layers: Sequence[int] | No
                           meta={"model": str(name), "num_pairs": len(pairs)})
 
 
-class Steering:
-    """Live steering hooks; ``alphas`` may be reassigned between forward passes (scalar or one per row)."""
+POSITIONS = ("all", "answer")
 
-    def __init__(self, model, vector: SteeringVector, alphas=0.0):
+
+class Steering:
+    """Live steering hooks; ``alphas`` may be reassigned between forward passes (scalar or one per row).
+
+    ``positions``: ``all`` (activation addition at every position, prompt included) or ``answer`` (only from the
+    last prompt token on: in a forward pass over several positions, the prefill, only the last one is shifted;
+    in a one-token decoding step, that token). ``answer`` leaves the model's reading of the prompt intact, so a
+    steered answer can still use the question's content; it assumes cached decoding (``generate``'s default):
+    without a KV cache every step is a full forward and only its last position would be steered."""
+
+    def __init__(self, model, vector: SteeringVector, alphas=0.0, positions: str = "all"):
+        if positions not in POSITIONS:
+            raise ValueError(f"steering positions must be one of {', '.join(POSITIONS)}, got {positions!r}")
         self.model = model
         self.vector = vector
         self.alphas = alphas
+        self.positions = positions
         self._handles: list = []
         self._cache: dict = {}
 
@@ -242,6 +254,10 @@ class Steering:
                 delta = self._delta(_layer, hidden)
                 if delta is None:
                     return None
+                if self.positions == "answer" and hidden.dim() == 3 and hidden.shape[1] > 1:
+                    shifted = hidden.clone()
+                    shifted[:, -1:, :] = shifted[:, -1:, :] + delta
+                    return _replace_hidden(output, shifted)
                 return _replace_hidden(output, hidden + delta)
 
             self._handles.append(stack[layer].register_forward_hook(hook))
@@ -263,9 +279,9 @@ class Steering:
         self.remove()
 
 
-def steer(model, vector: SteeringVector, alphas=1.0) -> Steering:
+def steer(model, vector: SteeringVector, alphas=1.0, positions: str = "all") -> Steering:
     """Context manager: ``with steer(model, vec, alphas): model.generate(...)``. Hooks are removed on exit."""
-    return Steering(model, vector, alphas)
+    return Steering(model, vector, alphas, positions)
 
 
 def hidden_size_of(model) -> int:

@@ -133,3 +133,31 @@ def test_steer_extract_cli_writes_a_loadable_vector_and_reports_bad_lines(tmp_pa
     assert f"{pairs}:2" in capsys.readouterr().err
     assert main(["steer", "extract", "--model", str(folder), "--pairs", str(tmp_path / "pairs.jsonl"),
                  "--layers", "7", "--output", str(out)]) == 2
+
+
+def test_answer_positions_shift_only_the_last_prompt_position_and_decoded_tokens(tiny_model, tiny_tokenizer, vec):
+    enc = _batch(tiny_tokenizer, ["same prompt here", "another one"])
+    with torch.no_grad(), capture(tiny_model, [1]) as plain:
+        tiny_model(**enc)
+    base = plain[1].clone()
+    with torch.no_grad(), Steering(tiny_model, vec, 2.0, positions="answer"), capture(tiny_model, [1]) as seen:
+        tiny_model(**enc)
+    delta = seen[1] - base
+    torch.testing.assert_close(delta[:, :-1], torch.zeros_like(delta[:, :-1]))  # the prompt is read unsteered
+    torch.testing.assert_close(delta[:, -1], (2.0 * vec.directions[1]).expand_as(delta[:, -1]), atol=1e-5, rtol=1e-5)
+    # decoding: a one-position forward (a new token, read with the cache) is steered in full
+    one = {"input_ids": enc["input_ids"][:, -1:], "attention_mask": enc["attention_mask"][:, -1:]}
+    with torch.no_grad(), capture(tiny_model, [1]) as plain_one:
+        tiny_model(**one)
+    with torch.no_grad(), Steering(tiny_model, vec, 2.0, positions="answer"), capture(tiny_model, [1]) as seen_one:
+        tiny_model(**one)
+    torch.testing.assert_close(seen_one[1] - plain_one[1], (2.0 * vec.directions[1]).expand_as(plain_one[1]),
+                               atol=1e-5, rtol=1e-5)
+    plain_gen = _greedy(tiny_model, enc)
+    with steer(tiny_model, vec, 3.0, positions="answer"):
+        assert not torch.equal(_greedy(tiny_model, enc), plain_gen)
+
+
+def test_unknown_positions_is_an_error(tiny_model, vec):
+    with pytest.raises(ValueError, match="positions must be one of all, answer"):
+        Steering(tiny_model, vec, 1.0, positions="prompt")

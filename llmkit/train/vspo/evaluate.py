@@ -7,10 +7,12 @@ from statistics import mean
 
 def evaluate(model, tokenizer, rows: list[dict], behavior: str, *, max_new_tokens: int = 256, batch_size: int = 16,
              vector=None, alpha: float = 0.0, behavior_kwargs: dict | None = None, task_name: str = "gsm8k",
-             progress: bool = True) -> dict:
+             progress: bool = True, keep_texts: bool = False,
+             positions: str = "all") -> dict:
     """Greedy completions for ``rows`` (from ``data.build_rows``), scored by the task's grader and the behaviour.
 
-    Returns accuracy, behaviour rate, mean behaviour score, mean length in words, and the number of problems.
+    Returns accuracy, behaviour rate, mean behaviour score, mean length in words, and the number of problems
+    (and every completion under ``texts`` when ``keep_texts``).
     """
     from llmkit.evals.tasks import get_task
     from llmkit.generation import GenerationParams, chat_prompt, generate
@@ -35,7 +37,7 @@ def evaluate(model, tokenizer, rows: list[dict], behavior: str, *, max_new_token
         for start in range(0, len(prompts), batch_size):
             chunk = prompts[start:start + batch_size]
             if vector is not None and alpha:
-                with Steering(model, vector, float(alpha)):
+                with Steering(model, vector, float(alpha), positions):
                     outs = generate(model, tokenizer, chunk, params, batch_size=batch_size)
             else:
                 outs = generate(model, tokenizer, chunk, params, batch_size=batch_size)
@@ -55,7 +57,7 @@ def evaluate(model, tokenizer, rows: list[dict], behavior: str, *, max_new_token
     rates = b.rates(texts, answers=answers, hints=hints, questions=questions, **bkw)
     reward = b.reward(**bkw)
     scores = reward(completions=texts, answer=answers, hint=hints, question=questions)
-    return {
+    out = {
         "n": len(rows),
         "accuracy": mean(acc) if acc else 0.0,
         "behavior_rate": mean(rates) if rates else 0.0,
@@ -64,3 +66,6 @@ def evaluate(model, tokenizer, rows: list[dict], behavior: str, *, max_new_token
         "alpha": float(alpha),
         "samples": [{"completion": t, "correct": a, "behavior": r} for t, a, r in list(zip(texts, acc, rates))[:5]],
     }
+    if keep_texts:
+        out["texts"] = texts
+    return out
