@@ -127,6 +127,36 @@ def test_importance_correction_scales_only_steered_rows(tmp_path, tiny_model, ti
     t.compute_loss(t.model, out).backward()
 
 
+def test_answer_positions_steer_rollouts_but_not_their_prompts(tmp_path, tiny_model, tiny_tokenizer, vec):
+    """steering_positions answer: the rollout's prompt is read unsteered, so rollouts differ from steering all."""
+    from llmkit.steering import Steering
+
+    seen = []
+    orig_init = Steering.__init__
+
+    def spy(self, *a, **k):
+        orig_init(self, *a, **k)
+        seen.append(self.positions)
+
+    Steering.__init__ = spy
+    try:
+        t = _trainer(tmp_path, tiny_model, tiny_tokenizer, vec, temperature=1e-3, steering_positions="answer")
+        out = t._generate_and_score_completions(_group_batch())
+    finally:
+        Steering.__init__ = orig_init
+    assert seen == ["answer"]
+    t_all = _trainer(tmp_path, tiny_model, tiny_tokenizer, vec, temperature=1e-3)
+    full = t_all._generate_and_score_completions(_group_batch())
+    assert torch.equal(out["completion_ids"][0], full["completion_ids"][0])  # alpha 0: identical
+    from llmkit.train.vspo.config import VSPOConfig
+
+    with pytest.raises(ValueError, match="steering_positions must be one of all, answer"):
+        VSPOConfig(output_dir="/tmp/x", steering_positions="prompt", use_cpu=True, report_to="none")
+    with pytest.raises(ValueError, match="importance_correction"):
+        VSPOConfig(output_dir="/tmp/x", steering_positions="answer", importance_correction="token_truncate",
+                   use_cpu=True, report_to="none")
+
+
 def test_vllm_is_refused_for_vspo():
     from llmkit.train.vspo.config import VSPOConfig
 

@@ -14,6 +14,7 @@ SPREADS = ("linspace", "uniform")
 ANNEALS = ("linear", "cosine", "none")
 CORRECTIONS = ("none", "token_truncate", "sequence_truncate")
 REWARD_AGGREGATIONS = ("sum", "upgrad", "locu")
+POSITIONS = ("all", "answer")
 
 
 @dataclass
@@ -54,6 +55,10 @@ class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
     steering_layers: list[int] | None = field(default=None, metadata={
         "help": "decoder layers for on-the-fly extraction (default: one layer at 60%% depth)"})
     steering_num_pairs: int = field(default=64, metadata={"help": "contrastive pairs for on-the-fly extraction"})
+    steering_positions: str = field(default="all", metadata={
+        "help": "where the vector is added: all (every position, prompt included: activation addition) | answer "
+                "(the last prompt token and every generated token: the prompt is read unsteered); applies to "
+                "rollouts, guidance and teacher traces"})
     # ---- intensity schedule
     alpha_max: float = field(default=4.0, metadata={"help": "largest steering intensity in a group at step 0"})
     alpha_spread: str = field(default="linspace", metadata={
@@ -129,6 +134,12 @@ class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
                                      ("reward_aggregation", self.reward_aggregation, REWARD_AGGREGATIONS)):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got '{value}'")
+        if self.steering_positions not in POSITIONS:
+            raise ValueError(f"steering_positions must be one of {', '.join(POSITIONS)}, got "
+                             f"'{self.steering_positions}'")
+        if self.steering_positions != "all" and self.importance_correction != "none":
+            raise ValueError("importance_correction rescores whole sequences, which steering_positions "
+                             f"{self.steering_positions} does not define: use steering_positions all")
         if self.teacher_filter not in TEACHER_FILTERS:
             raise ValueError(f"teacher_filter must be one of {', '.join(TEACHER_FILTERS)}, got '{self.teacher_filter}'")
         if self.teacher_num_traces is not None and self.teacher_num_traces < 1:

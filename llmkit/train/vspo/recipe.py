@@ -219,7 +219,7 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
         t0 = time.time()
         r = evaluate(model, tok, eval_rows, cfg.behavior, max_new_tokens=cfg.eval_max_new_tokens,
                      batch_size=cfg.eval_batch_size, vector=vector, alpha=alpha, behavior_kwargs=bkw,
-                     task_name=task_name)
+                     task_name=task_name, positions=cfg.steering_positions)
         print(f"eval {what}: accuracy {r['accuracy']:.3f}, {cfg.behavior} rate {r['behavior_rate']:.3f}, "
               f"mean words {r['mean_words']:.1f} (n={r['n']}, {time.time() - t0:.0f}s)")
         return r

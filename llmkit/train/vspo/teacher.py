@@ -60,7 +60,7 @@ def teacher_traces(model, tok, rows: list[dict], vector, cfg, behavior_kwargs: d
     try:
         bs = cfg.eval_batch_size
         for start in range(0, n, bs):
-            with Steering(model, vector, float(alpha)):
+            with Steering(model, vector, float(alpha), getattr(cfg, "steering_positions", "all")):
                 outs = generate(model, tok, prompts[start:start + bs], params, batch_size=bs)
             texts += [o.text for o in outs]
             if bar:

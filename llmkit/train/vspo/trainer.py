@@ -55,7 +55,9 @@ step that just reaches the linearised boundary is short; the constraint is re-li
 
 Deviations from the paper: the intensity schedule (linspace/uniform spread, linear/cosine annealing) is
 our reading of "varying steering intensities"; steering is applied at every position of prompt and
-completion (activation addition) at the configured layers; rollouts use transformers generation (the hook
+completion (activation addition) at the configured layers, or with ``steering_positions: answer`` only from the
+last prompt token on (on the bundled model, steering the prompt too made the model lose the question's numbers,
+see ``llmkit.train.vspo.alignment`` and bench/vspo.py's alignment lines); rollouts use transformers generation (the hook
 lives in the torch model, so vLLM rollouts are refused).
 
 Schedule evidence (annealing toward 0 is our addition; ``bench/vspo_bandit.py``, bandit abstraction, 12 seeds):
@@ -230,7 +232,7 @@ class VSPOTrainer(LlmkitOptimTrainerMixin, RewardJacobianDescentMixin, GRPOTrain
         self._current_alphas = alphas
         self._log_completion_extra("alpha", alphas.tolist())  # flushed with this batch's completions table
         model = self.accelerator.unwrap_model(self.model)
-        with Steering(model, self.steering_vector, alphas):
+        with Steering(model, self.steering_vector, alphas, getattr(self.args, "steering_positions", "all")):
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                  has_tool_images)
 
