@@ -20,7 +20,7 @@ Legacy keys (``final_val_loss_halo``, ``steps_ratio_halo``, ...) are the means a
 the largest size; ``*_n<size>`` keys hold the other size, ``*_std`` the spreads.
 
     .venv/bin/python bench/halo.py --quick     # sizes 8/64, 3 seeds, 6 steps, val at steps 3/6, lrs 3e-5/1e-4/3e-4
-    .venv/bin/python bench/halo.py             # sizes 8/32, 3 seeds, 20 steps, val every 5 steps, same lrs
+    .venv/bin/python bench/halo.py             # sizes 8/32, 3 seeds, 20 steps, val every 5 steps, lrs 1e-5 to 3e-4
 
 Both presets use batch 2 x 128 tokens (GSM8K prompts are ~90 tokens, so a
 sequence trains and scores the first ~40 answer tokens) and 1 torch thread.
@@ -32,12 +32,12 @@ MATH-500 solutions at 384 tokens ~46 s. The first-pass full preset (sizes 64/256
 48 steps of batch 4 x 256, 64 val rows every 6 steps, 4 lrs) is ~6 slot-hours;
 the shared box gave this run ~80 slot-minutes, so the full preset is cut where
 it matters least: shorter sequences and fewer steps, but 3 seeds, every schedule
-at its own swept rate (12 sweep runs), a 24-row validation set scored every 5
+at its own swept rate (4 rates, 16 sweep runs), a 24-row validation set scored every 5
 steps (5 points per curve), forgetting on 16 MATH-500 solutions, and two sizes
 that both repeat data within the 40-example budget (20 steps x 2): n=8 is 5
 epochs, n=32 is 1.25 epochs. (At 20 steps, 64 and 256 rows would both be under
 one epoch and behave the same, so they would not test the low-resource regime.)
-About 160 s per run + 85 s per sweep run, ~80 slot-minutes in all; split it
+About 160 s per run + 80 s per sweep run, ~85 slot-minutes in all; split it
 over two processes with ``--methods full halo`` and ``--methods lisa stepwise``.
 
 HALO's homotopy takes the first half of the budget (10 steps here) over 32 units
@@ -66,7 +66,7 @@ METHODS = ("full", "halo", "lisa", "stepwise")
 QUICK = {"steps": 6, "batch": 2, "max_length": 128, "eval_every": 3, "sizes": "8,64", "seeds": 3, "n_val": 24,
          "n_forget": 16, "n_sweep": 16, "lrs": "3e-5,1e-4,3e-4", "pool": 1000, "forget_max_length": 192}
 FULL = {"steps": 20, "batch": 2, "max_length": 128, "eval_every": 5, "sizes": "8,32", "seeds": 3, "n_val": 24,
-        "n_forget": 16, "n_sweep": 16, "lrs": "3e-5,1e-4,3e-4", "pool": 1000, "forget_max_length": 192}
+        "n_forget": 16, "n_sweep": 16, "lrs": "1e-5,3e-5,1e-4,3e-4", "pool": 1000, "forget_max_length": 192}
 SWEEP_ROWS_FROM = 7000  # GSM8K train rows from here on form the sweep split (the pool is the first `pool` rows)
 
 
