@@ -217,9 +217,10 @@ def main() -> int:
         out = work / name
         shutil.rmtree(out, ignore_errors=True)
         cfg = SmithConfig(output_dir=str(out), use_cpu=True, bf16=False, report_to="none", reward_aggregation=agg,
-                          max_steps=grpo_steps, per_device_train_batch_size=4, num_generations=4,
+                          max_steps=grpo_steps, per_device_train_batch_size=8, num_generations=4,
                           max_completion_length=build_max_new, temperature=0.8, learning_rate=1e-5,
                           beta=0.0, logging_steps=1, save_strategy="no", num_prompts=8 * grpo_steps,
+                          gradient_checkpointing=False,  # 135M on CPU: memory is no issue, recomputation is
                           build_ratio=0.5, build_examples=3, build_checks=4, eval_n=n, eval_max_new_tokens=max_new,
                           eval_build_max_new_tokens=build_max_new, eval_no_tools=not q,
                           eval_reference=not q or name == "smith", dataloader_num_workers=0, seed=0)
