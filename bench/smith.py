@@ -277,16 +277,38 @@ def main() -> int:
             cond[f"{name}_reference_tools"], parse[name] = d["reference_macro"], d["parse"]
             samples[f"{name}_reference_tools"] = d["reference_sample_replies"]
     # ---- frozen student: the base model uses the trained policy's held-out tools
+    student: dict = {}
+
+    def student_gen():
+        if "gen" not in student:
+            model, tok = load(DEFAULT_MODEL)
+            student["gen"] = local_generator(model, tok, max_new_tokens=max_new, batch_size=16)
+        return student["gen"]
+
     spool = ToolPool(work / "smith" / "eval_pool_after")
     if spool.families():
-        model, tok = load(DEFAULT_MODEL)
-        r = evaluate(local_generator(model, tok, max_new_tokens=max_new, batch_size=16), fams, pool=spool, n=n)
+        r = evaluate(student_gen(), fams, pool=spool, n=n)
         cond["student_smith_tools"], per_fam["student_smith_tools"] = r["macro"], r["per_family"]
     else:  # no verified held-out tool: the student answers every question without one, i.e. the no_tools run
         cond["student_smith_tools"], per_fam["student_smith_tools"] = cond["no_tools"], per_fam["no_tools"]
     print(f"frozen student (base model) with SMITH-written tools: {cond['student_smith_tools']:.3f} vs with "
           f"untrained-writer tools {cond['student_untrained_tools']:.3f} (SMITH held-out tools: "
           f"{len(spool.families())})")
+    # the same frozen student with the tools the policy verified DURING training (training families, evaluation
+    # questions never used in training), against answering those questions without tools; the untrained writer's
+    # training-family builds are build_verified_rate_before, so with 0 its student condition is the no-tools one
+    tpool = ToolPool(work / "smith" / "pool")
+    student_train = None
+    if tpool.families():
+        tf = tpool.families()
+        r = evaluate(student_gen(), tf, pool=tpool, n=n)
+        r0 = evaluate(student_gen(), tf, mode="none", n=n)
+        student_train = {"families": tf, "with_pool": r["macro"], "no_tools": r0["macro"],
+                         "per_family_with_pool": r["per_family"], "per_family_no_tools": r0["per_family"],
+                         "call_parse_rate": r["call_parse_rate"]}
+        print(f"frozen student (base model) on the {len(tf)} training families of SMITH's training pool: with the "
+              f"pooled tools {r['macro']:.3f} vs without tools {r0['macro']:.3f} (call parse rate "
+              f"{r['call_parse_rate']:.3f})")
     for k in ("smith", "combined_reward", "untrained_writer", "reference_tools"):
         print(f"difference {k} - no_tools: {cond[k] - cond['no_tools']:+.3f}")
 
@@ -302,7 +324,7 @@ def main() -> int:
                  "build_verified_rate_after": w.get("build_verified_rate_after"),
                  "warm_builds": {k: w.get(f"build_{k}") for k in ("before", "after")}, "sandbox": ov, "attacks": b["attacks"],
                  "untrained_builds": b["untrained_builds"], "conditions": cond, "per_family": per_fam, "runs": runs,
-                 "use_call_parse_rate": parse, "sample_replies": samples,
+                 "use_call_parse_rate": parse, "sample_replies": samples, "student_training_pool": student_train,
                  "merge_seconds": round(time.time() - t_start, 1)}
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = "smith_quick" if q else "smith"
@@ -323,6 +345,8 @@ def main() -> int:
                "build_verified_rate_after": w.get("build_verified_rate_after"),
                "pool_size": runs["smith"]["pool_size"],
                "pool_size_combined_reward": runs["combined_reward"]["pool_size"],
+               "student_macro_acc_smith_training_pool": student_train["with_pool"] if student_train else None,
+               "student_macro_acc_training_families_no_tools": student_train["no_tools"] if student_train else None,
                "sandbox_p50_ms": round(ov["p50_ms"], 2), "sandbox_p95_ms": round(ov["p95_ms"], 2),
                "sandbox_overhead_ratio": round(ov["ratio"], 3), "sandbox_escapes": escapes}
     print(json.dumps(summary))
