@@ -32,6 +32,7 @@ import argparse
 import copy
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -40,7 +41,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ("vspo", "grpo", "teacher", "guidance")
+METHODS = ("vspo", "vspo_fixed", "grpo", "teacher", "guidance")
 
 
 def main():
@@ -49,20 +50,30 @@ def main():
                     "--timing: a tiny random Llama, 3 rounds of 3 steps, no importance-correction arm")
     ap.add_argument("--model", default=None, help="default: smollm2-135m-instruct (tiny for --timing --quick)")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per trained method (default 3, --quick 1)")
-    ap.add_argument("--steps", type=int, default=None, help="optimizer steps per trained run (default 16, --quick 4)")
-    ap.add_argument("--eval-n", type=int, default=None, help="held-out problems per evaluation (64, --quick 24)")
-    ap.add_argument("--curve-every", type=int, default=None, help="curve point every N steps (4, --quick 2)")
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps per trained run (default 8, --quick 4)")
+    ap.add_argument("--eval-n", type=int, default=None, help="held-out problems per evaluation (32, --quick 24)")
+    ap.add_argument("--curve-every", type=int, default=None, help="curve point every N steps (2)")
     ap.add_argument("--curve-n", type=int, default=None, help="problems per curve point (16, --quick 8)")
     ap.add_argument("--target", type=float, default=0.25, help="target behaviour rate for the first-step figure")
     ap.add_argument("--behavior", default="concise_answer")
     ap.add_argument("--max-words", type=int, default=30, help="concise_answer's word limit")
-    ap.add_argument("--alpha-max", type=float, default=None, help="VSPO's largest intensity (default: guidance's)")
-    ap.add_argument("--guidance-alpha", type=float, default=1.0, help="steering intensity for guidance and the "
-                    "teacher's traces")
+    ap.add_argument("--layer", type=int, default=None, help="steering layer (default: the recipe's, 60%% depth)")
+    ap.add_argument("--align", default="all:1,1.5,2;answer:2,4,6", help="alignment check: candidates "
+                    "'positions:alpha,alpha;...' (positions all | answer: llmkit.steering.Steering); the runs use the "
+                    "picked positions and intensity")
+    ap.add_argument("--align-n", type=int, default=32, help="held-out problems of the alignment check")
+    ap.add_argument("--alpha-max", type=float, default=None, help="VSPO's largest intensity (default: the top of "
+                    "the alignment check's range)")
+    ap.add_argument("--guidance-alpha", type=float, default=None, help="steering intensity for guidance and the "
+                    "teacher's traces (default: the alignment check's pick)")
     ap.add_argument("--learning-rate", type=float, default=5e-5)
     ap.add_argument("--batch-size", type=int, default=8, help="rollouts per step (groups of 4)")
-    ap.add_argument("--max-new-tokens", type=int, default=None, help="completion/eval budget (192, --quick 96)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="completion/eval budget (64)")
     ap.add_argument("--work-dir", default="/tmp/llmkit-bench-vspo-methods", help="run folders (outside the repo)")
+    ap.add_argument("--reuse", action="store_true", help="keep the work folder: reuse the alignment check and "
+                    "every finished run (a stopped or split run continues; the summary needs all of them)")
+    ap.add_argument("--part", default="1/1", help="K/N: run only every N-th run starting at the K-th (split a "
+                    "full run over processes; with --reuse the last part to finish writes the results)")
     ap.add_argument("--timing", action="store_true", help="the per-step time benchmark instead")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--round-steps", type=int, default=None, help="--timing: steps per trainer per round")
@@ -70,12 +81,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--max-minutes", type=float, default=None, help="start no further round when another one "
                     "(at the mean round time so far) would end past this many minutes; the JSON records the rounds run")
-    ap.add_argument("--compare-runs", nargs=2, metavar=("VSPO_DIR", "GRPO_DIR"), default=None,
-                    help="instead of timing: summarise two finished `llmkit train vspo` runs (VSPO and --mode grpo): "
-                    "behaviour rate and accuracy before/after, and their reward curves in one plot")
     args = ap.parse_args()
-    if args.compare_runs:
-        return compare_runs(*map(Path, args.compare_runs))
+    if not re.fullmatch(r"[1-9]\d*/[1-9]\d*", args.part) or int(args.part.split("/")[0]) > int(args.part.split("/")[1]):
+        ap.error(f"--part must be K/N with 1 <= K <= N, got {args.part!r}")
     if not args.timing:
         return methods(args)
     rounds = args.rounds or (3 if args.quick else 4)
@@ -164,140 +172,217 @@ def main():
     print(json.dumps(fig))
 
 
-def run_recipe(out: Path, overrides: dict) -> dict:
-    """One ``llmkit train vspo`` run in this process; returns its eval.json."""
+def finished(out: Path, overrides: dict) -> dict | None:
+    """A finished run's eval.json when ``out`` holds one made with exactly ``overrides``, else None."""
+    done, made = out / "eval.json", out / "bench_overrides.json"
+    if done.is_file() and made.is_file() and json.loads(made.read_text()) == overrides:
+        ev = json.loads(done.read_text())
+        return ev if ev.get("after") else None
+    return None
+
+
+def run_recipe(out: Path, overrides: dict, reuse: bool = False) -> dict:
+    """One ``llmkit train vspo`` run in this process; returns its eval.json (``reuse``: a finished run with the
+    same overrides is returned as is)."""
     from llmkit.commands.train import parse_method_args
 
+    if reuse and (ev := finished(out, overrides)) is not None:
+        return ev
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
     argv = []
     for k, v in overrides.items():
-        argv += [f"--{k}", str(v)]
+        argv += [f"--{k}", *map(str, v)] if isinstance(v, list) else [f"--{k}", str(v)]
     module, configs = parse_method_args("vspo", argv + ["--output_dir", str(out)])
     if module.main(*configs) != 0:
         raise RuntimeError(f"run failed: {out}")
+    (out / "bench_overrides.json").write_text(json.dumps(overrides, indent=2) + "\n")
     return json.loads((out / "eval.json").read_text())
 
 
-def methods(args) -> None:
-    import shutil
+def alignment(args, common: dict, work: Path, tokens: int) -> dict:
+    """The paper's alignment condition on held-out problems (``llmkit.train.vspo.alignment``): extract the vector
+    from the behaviour's contrastive pairs, generate greedily at each ``--align-alphas`` intensity, pick one."""
+    import torch
 
+    from llmkit.models import load
+    from llmkit.rewards.behaviors import contrastive_pairs
+    from llmkit.steering import SteeringVector, extract
+    from llmkit.train.vspo.alignment import format_table, measure, pick
+    from llmkit.train.vspo.data import build_rows, load_records
+
+    vec_dir = work / "steering"
+    cached = work / "alignment.json"
+    if args.reuse and cached.is_file() and (vec_dir / "steering.safetensors").is_file():
+        result = json.loads(cached.read_text())
+        for line in format_table(result["table"]):
+            print(line)
+        return result
+    torch.set_num_threads(args.threads)
+    model, tok = load(common["model_name_or_path"])
+    train = build_rows(load_records(common["dataset_name"], common["dataset_limit"], "train"), args.behavior)
+    start = common["eval_num_problems"]  # held out from the evaluation problems as well
+    test = build_rows(load_records(common["eval_path"], start + args.align_n, "test"), args.behavior, 1)[start:]
+    questions = [r["question"] for r in train[::-1][:common["steering_num_pairs"]]]  # as the recipe extracts it
+    layers = common.get("steering_layers")
+    vec = extract(model, tok, contrastive_pairs(args.behavior, questions), layers=layers, behavior=args.behavior)
+    vec.save(vec_dir)
+    layer = "+".join(map(str, vec.layers))
+    cands = {}
+    for spec in args.align.split(";"):  # "positions:a1,a2,..."
+        pos, _, al = spec.partition(":")
+        try:
+            cands[f"layer{layer}-{pos}"] = (vec, pos, [float(a) for a in al.split(",")])
+        except ValueError:
+            raise SystemExit(f"--align: bad candidate {spec!r} (expected positions:alpha,alpha,...)") from None
+        if pos not in ("all", "answer"):
+            raise SystemExit(f"--align: positions must be all or answer, got {pos!r} in {spec!r}")
+    table = measure(model, tok, test, cands, [], args.behavior, behavior_kwargs={"max_words": args.max_words},
+                    max_new_tokens=tokens, batch_size=common["eval_batch_size"], progress=True)
+    choice = pick(table)
+    for line in format_table(table):
+        print(line)
+    result = {"table": table, "pick": choice, "n": len(test), "norms": SteeringVector.load(vec_dir).norms(),
+              "max_new_tokens": tokens, "candidates": args.align}
+    cached.write_text(json.dumps(result, indent=2) + "\n")
+    del model
+    return result
+
+
+RUN_MODES = {"vspo": {"mode": "vspo"}, "vspo_fixed": {"mode": "vspo", "alpha_anneal": "none"},
+             "grpo": {"mode": "grpo"}, "teacher": {"mode": "teacher"}}
+
+
+def methods(args) -> None:
     from llmkit.train.vspo.compare import summarize
 
     seeds = args.seeds or (1 if args.quick else 3)
-    steps = args.steps or (4 if args.quick else 16)
-    eval_n = args.eval_n or (24 if args.quick else 64)
-    tokens = args.max_new_tokens or (96 if args.quick else 192)
-    alpha_max = args.alpha_max if args.alpha_max is not None else args.guidance_alpha
+    steps = args.steps or (4 if args.quick else 8)
+    eval_n = args.eval_n or (24 if args.quick else 32)
+    tokens = args.max_new_tokens or 64
     work = Path(args.work_dir) / ("quick" if args.quick else "full")
-    if work.exists():
+    if work.exists() and not args.reuse:
+        import shutil
+
         shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
     common = {
         "model_name_or_path": args.model or "smollm2-135m-instruct", "behavior": args.behavior,
         "verbosity_max_words": args.max_words,
         "dataset_name": str(REPO / "../shared/data/gsm8k/train.jsonl"), "dataset_limit": 512,
         "eval_path": str(REPO / "../shared/data/gsm8k/test.jsonl"), "eval_num_problems": eval_n,
-        "eval_max_new_tokens": tokens, "eval_batch_size": 8, "steering_num_pairs": 16 if args.quick else 32,
-        "guidance_alpha": args.guidance_alpha, "alpha_max": alpha_max, "alpha_anneal": "linear",
-        "alpha_anneal_fraction": 0.75, "max_steps": steps, "per_device_train_batch_size": args.batch_size, "num_generations": 4,
-        "max_completion_length": tokens, "temperature": 1.0, "learning_rate": args.learning_rate,
-        "lr_scheduler_type": "constant", "beta": 0.0, "logging_steps": 1, "save_strategy": "no", "report_to": "none",
-        "use_cpu": True, "bf16": False, "dataloader_num_workers": 0, "disable_tqdm": True,
-        "curve_every_steps": args.curve_every or (2 if args.quick else 4), "curve_num_problems": args.curve_n
-        or (8 if args.quick else 16), "target_behavior_rate": args.target,
+        "eval_max_new_tokens": tokens, "eval_batch_size": 16, "steering_num_pairs": 16 if args.quick else 32,
+        "alpha_anneal": "linear",
+        "alpha_anneal_fraction": 0.75, "max_steps": steps, "per_device_train_batch_size": args.batch_size,
+        "num_generations": 4, "max_completion_length": tokens, "temperature": 1.0,
+        "learning_rate": args.learning_rate, "lr_scheduler_type": "constant", "beta": 0.0, "logging_steps": 1,
+        "save_strategy": "no", "report_to": "none", "use_cpu": True, "bf16": False, "dataloader_num_workers": 0,
+        "disable_tqdm": True, "curve_every_steps": args.curve_every or (2 if args.quick else 4),
+        "curve_num_problems": args.curve_n or (8 if args.quick else 16), "target_behavior_rate": args.target,
     }
+    if args.layer is not None:
+        common["steering_layers"] = [args.layer]
     t0 = time.time()
+    align = alignment(args, common, work, tokens)
+    choice = align["pick"]
+    guidance_alpha = args.guidance_alpha if args.guidance_alpha is not None else (choice["alpha"] or 1.0)
+    alpha_max = args.alpha_max if args.alpha_max is not None else (
+        choice["range"][1] if choice.get("range") else guidance_alpha)
+    common.update({"guidance_alpha": guidance_alpha, "alpha_max": alpha_max,
+                   "steering_positions": choice.get("positions") or "all", "steering_vector": str(work / "steering")})
+    plan = [("guidance", None)] + [(m, seed) for seed in range(seeds) for m in RUN_MODES]
+    k, n_parts = (int(x) for x in args.part.split("/"))
     runs: dict[str, list[dict]] = {m: [] for m in METHODS}
-    guidance = run_recipe(work / "guidance", {**common, "mode": "guidance", "eval_before": True})
-    runs["guidance"].append(guidance)
-    vector = work / "guidance" / "steering"
-    for seed in range(seeds):
-        for mode in ("vspo", "grpo", "teacher"):
-            print(f"--- {mode} seed {seed} ({time.time() - t0:.0f}s so far)", file=sys.stderr)
-            runs[mode].append(run_recipe(work / f"{mode}-{seed}", {**common, "mode": mode, "seed": seed,
-                                                                  "eval_before": False,
-                                                                  "steering_vector": str(vector)}))
+    missing = []
+    for i, (mode, seed) in enumerate(plan):
+        folder = work / (mode if seed is None else f"{mode}-{seed}")
+        over = {**common, "eval_before": mode == "guidance"}
+        over.update({"mode": "guidance"} if seed is None else {**RUN_MODES[mode], "seed": seed})
+        if i % n_parts != k - 1:  # another part's run
+            ev = finished(folder, over)
+            if ev is None:
+                missing.append(folder.name)
+            else:
+                runs[mode].append(ev)
+            continue
+        print(f"--- {folder.name} ({time.time() - t0:.0f}s so far)", file=sys.stderr)
+        runs[mode].append(run_recipe(folder, over, reuse=args.reuse))
+    if missing:
+        print(f"part {args.part} done; still missing: {', '.join(missing)} (run the other parts, then any part "
+              "again with --reuse to summarise)")
+        return
     summary = summarize(runs, steps)
-    base = guidance["before"]
-    fig: dict = {"base_behavior_rate": base["behavior_rate"], "base_accuracy": base["accuracy"]}
+    base = runs["guidance"][0]["before"]
+    fig: dict = {"alignment_aligned": choice["aligned"], "alignment_alpha": choice["alpha"],
+                 "alignment_behavior_rate": choice["behavior_rate"], "alignment_base_rate": choice["base_behavior_rate"],
+                 "alignment_range": choice["range"],
+                 "base_behavior_rate": base["behavior_rate"], "base_accuracy": base["accuracy"]}
     for m in METHODS:
         s = summary[m]
         fig[f"behavior_rate_{m}"] = s["behavior_rate"]["rate"]
         fig[f"behavior_rate_{m}_ci95"] = s["behavior_rate"]["ci95"]
         fig[f"accuracy_{m}"] = s["accuracy"]["rate"]
         fig[f"accuracy_{m}_ci95"] = s["accuracy"]["ci95"]
+        per_step = [r["train_seconds"] / r["steps"] for r in runs[m] if r.get("train_seconds") and r.get("steps")]
+        if per_step:  # includes the curve evaluations (callbacks run inside training); teacher: traces + SFT
+            fig[f"train_seconds_per_step_{m}"] = statistics.mean(per_step)
         fs = s["first_step"]
         if m == "guidance":  # no training: the steered base model either shows the target rate or not
             fig[f"first_step_at_target_{m}"] = 0 if fs["reached"] else "not reached (no training)"
         else:
             fig[f"first_step_at_target_{m}"] = (fs["km_median"] if fs["km_median"] is not None else
                                                 f"not reached by step {steps} ({fs['reached']}/{fs['runs']} seeds)")
-    fig.update({"seeds": seeds, "steps": steps, "eval_n": eval_n, "target_behavior_rate": args.target})
-    for k, v in fig.items():
-        print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
+    fig.update({"seeds": seeds, "steps": steps, "eval_n": eval_n, "target_behavior_rate": args.target,
+                "guidance_alpha": guidance_alpha, "alpha_max": alpha_max})
+    for k_, v in fig.items():
+        print(f"{k_}: {v:.3f}" if isinstance(v, float) else f"{k_}: {v}")
     RESULTS.mkdir(exist_ok=True)
     name = "vspo_quick" if args.quick else "vspo"
-    payload = {"figures": fig, "summary": summary, "base": {k: base[k] for k in ("n", "behavior_rate", "accuracy",
-               "mean_words")}, "config": common, "seconds": round(time.time() - t0), "runs": {
-               m: [{k: r.get(k) for k in ("after", "curve", "first_step_at_target", "teacher", "steps",
-                                             "train_seconds")} for r in rs] for m, rs in runs.items()}}
+    payload = {"figures": fig, "summary": summary, "alignment": align,
+               "base": {k_: base[k_] for k_ in ("n", "behavior_rate", "accuracy", "mean_words")}, "config": common,
+               "seconds": round(time.time() - t0), "runs": {
+               m: [{k_: r.get(k_) for k_ in ("after", "curve", "first_step_at_target", "teacher", "steps",
+                                               "train_seconds")} for r in rs] for m, rs in runs.items()}}
     (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
-    plot_methods(summary, base, RESULTS / f"{name}.png", f"{args.behavior}: {seeds} seed(s), {steps} steps")
+    plot_methods(summary, base, runs, RESULTS / f"{name}.png",
+                 f"{args.behavior}: {seeds} seed(s), {steps} steps, alpha_max {alpha_max:g}")
     print(f"wrote {RESULTS / (name + '.json')}")
-    print(json.dumps({k: v for k, v in fig.items() if not k.endswith("_ci95")}))
+    print(json.dumps({k_: v for k_, v in fig.items() if not k_.endswith("_ci95")}))
 
 
-def plot_methods(summary: dict, base: dict, png: Path, title: str) -> None:
+def plot_methods(summary: dict, base: dict, runs: dict, png: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     names = ["base", *summary]
+    colors = ["gray", "C0", "C4", "C1", "C2", "C3"]
     for ax, key in zip(axes, ("behavior_rate", "accuracy")):
         vals = [base[key]] + [summary[m][key]["rate"] for m in summary]
         lo = [0.0] + [summary[m][key]["rate"] - summary[m][key]["ci95"][0] for m in summary]
         hi = [0.0] + [summary[m][key]["ci95"][1] - summary[m][key]["rate"] for m in summary]
-        ax.bar(names, vals, yerr=[lo, hi], capsize=4, color=["gray", "C0", "C1", "C2", "C3"][:len(names)])
+        ax.bar(names, vals, yerr=[lo, hi], capsize=4, color=colors[:len(names)])
         for m_i, m in enumerate(summary, start=1):
             ax.scatter([m_i] * len(summary[m][key]["per_seed"]), summary[m][key]["per_seed"], color="k", s=10, zorder=3)
         ax.set_ylabel(key.replace("_", " ") + " (Wilson 95% CI, dots: seeds)")
         ax.set_ylim(0, 1)
+        ax.tick_params(axis="x", labelrotation=20)
+    ax = axes[2]
+    for m_i, m in enumerate(summary, start=1):
+        for j, r in enumerate(runs.get(m, [])):
+            pts = [(0, base["behavior_rate"])] + [(p["step"], p["behavior_rate"]) for p in r.get("curve") or []]
+            if len(pts) > 1:
+                ax.plot(*zip(*pts), color=colors[m_i], alpha=0.7, marker=".", label=m if j == 0 else None)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("behaviour rate on the curve problems (greedy, unsteered)")
+    ax.legend(fontsize=8)
     fig.suptitle(f"VSPO vs baselines, bundled model (CPU): {title}")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
-
-
-def compare_runs(vspo_dir: Path, grpo_dir: Path) -> None:
-    from llmkit.train.common import plot_curves
-
-    fig, series = {}, {}
-    ev = {name: json.loads((d / "eval.json").read_text()) for name, d in (("vspo", vspo_dir), ("grpo", grpo_dir))}
-    before = ev["vspo"].get("before") or ev["grpo"].get("before")
-    if before:
-        fig.update({"before_accuracy": before["accuracy"], "before_behavior_rate": before["behavior_rate"],
-                    "before_mean_words": before["mean_words"]})
-    for name, d in (("vspo", vspo_dir), ("grpo", grpo_dir)):
-        after = ev[name]["after"]
-        fig.update({f"{name}_after_accuracy": after["accuracy"], f"{name}_after_behavior_rate": after["behavior_rate"],
-                    f"{name}_after_mean_words": after["mean_words"], f"{name}_steps": ev[name].get("steps")})
-        for key in ("reward", "rewards/verbosity/mean", "rewards/gsm8k_correctness/mean"):
-            xs, ys = [], []
-            for line in (d / "metrics.jsonl").read_text().splitlines():
-                rec = json.loads(line)
-                if isinstance(rec.get(key), (int, float)):
-                    xs.append(rec["step"])
-                    ys.append(rec[key])
-            series[f"{name} {key}"] = (xs, ys)
-    fig["n_eval_problems"] = (before or ev["vspo"]["after"])["n"]
-    for k, v in fig.items():
-        print(f"{k}: {v}")
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "vspo_bundled_run.json"
-    out.write_text(json.dumps({"figures": fig, "eval": ev, "runs": [str(vspo_dir), str(grpo_dir)]}, indent=2) + "\n")
-    plot_curves(series, RESULTS / "vspo_bundled_run.png", title="VSPO vs reward-shaped GRPO (bundled model, CPU)",
-                ylabel="mean reward per step")
-    print(f"wrote {out}")
-    print(json.dumps(fig))
 
 
 if __name__ == "__main__":

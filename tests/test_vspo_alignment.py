@@ -53,11 +53,13 @@ def test_measure_on_a_tiny_model_has_an_unsteered_row_and_one_per_vector_and_alp
              "answer": f"#### {i + 2}"} for i in range(3)]
     torch.manual_seed(0)
     vec = SteeringVector({1: torch.randn(tiny_model.config.hidden_size) * 4.0})
-    table = measure(tiny_model, tiny_tokenizer, rows, {"v": vec}, [0.0, 1.0, 3.0], "concise_answer",
-                    behavior_kwargs={"max_words": 30}, max_new_tokens=4, batch_size=4, positions="answer")
-    assert [(r["vector"], r["alpha"]) for r in table] == [(None, 0.0), ("v", 1.0), ("v", 3.0)]
+    table = measure(tiny_model, tiny_tokenizer, rows, {"v": vec, "w": (vec, "all", [2.0])}, [0.0, 1.0, 3.0],
+                    "concise_answer", behavior_kwargs={"max_words": 30}, max_new_tokens=4, batch_size=4,
+                    positions="answer")
+    assert [(r["vector"], r["positions"], r["alpha"]) for r in table] == [
+        (None, "all", 0.0), ("v", "answer", 1.0), ("v", "answer", 3.0), ("w", "all", 2.0)]
     assert all(r["n"] == 3 and 0 <= r["answer_rate"] <= 1 for r in table)
-    assert len(format_table(table)) == 3 and format_table(table)[0].startswith("alignment unsteered alpha 0:")
+    assert len(format_table(table)) == 4 and format_table(table)[0].startswith("alignment unsteered alpha 0:")
     with pytest.raises(ValueError, match=">= 0"):
         measure(tiny_model, tiny_tokenizer, rows, {"v": vec}, [-1.0], "concise_answer")
     with pytest.raises(ValueError, match="candidate"):

@@ -29,11 +29,12 @@ def answer_rate(texts: Sequence[str]) -> float:
 def measure(model, tok, rows: list[dict], vectors: dict, alphas: Sequence[float], behavior: str, *,
             behavior_kwargs: dict | None = None, max_new_tokens: int = 96, batch_size: int = 16,
             task_name: str = "gsm8k", progress: bool = False, positions: str = "all") -> list[dict]:
-    """One row per (vector name, alpha), plus ``{"vector": None, "alpha": 0.0}`` for the unsteered model first.
+    """One row per (candidate, alpha), plus ``{"vector": None, "alpha": 0.0}`` for the unsteered model first.
 
-    ``vectors`` maps a name to a ``SteeringVector``; ``alphas`` are the intensities to try (0 is skipped: the
-    unsteered row covers it). Each row: vector, layers, alpha, n, behavior_rate, accuracy, answer_rate,
-    mean_words and up to three sample completions.
+    ``vectors`` maps a candidate name to a ``SteeringVector`` (steered at ``positions``) or to a tuple
+    ``(SteeringVector, positions, alphas)`` with its own positions and intensities. ``alphas`` are the default
+    intensities (0 is skipped: the unsteered row covers it). Each row: vector, layers, positions, alpha, n,
+    behavior_rate, accuracy, answer_rate, mean_words and up to three sample completions.
     """
     from llmkit.train.vspo.evaluate import evaluate
 
@@ -41,24 +42,26 @@ def measure(model, tok, rows: list[dict], vectors: dict, alphas: Sequence[float]
         raise ValueError("alignment needs at least one held-out prompt")
     if not vectors:
         raise ValueError("alignment needs at least one candidate steering vector")
-    if any(a < 0 for a in alphas):
-        raise ValueError(f"steering intensities must be >= 0, got {list(alphas)}")
+    cands = {name: (v if isinstance(v, tuple) else (v, positions, alphas)) for name, v in vectors.items()}
+    for name, (_, _, al) in cands.items():
+        if any(a < 0 for a in al):
+            raise ValueError(f"steering intensities must be >= 0, got {list(al)} for {name}")
 
-    def row(name, vec, alpha):
+    def row(name, vec, alpha, pos):
         r = evaluate(model, tok, rows, behavior, max_new_tokens=max_new_tokens, batch_size=batch_size, vector=vec,
                      alpha=alpha, behavior_kwargs=behavior_kwargs, task_name=task_name, progress=progress,
-                     keep_texts=True, positions=positions)
+                     keep_texts=True, positions=pos)
         texts = r.pop("texts")
-        return {"vector": name, "layers": vec.layers if vec is not None else [], "alpha": float(alpha),
-                "n": r["n"], "behavior_rate": r["behavior_rate"], "accuracy": r["accuracy"],
+        return {"vector": name, "layers": vec.layers if vec is not None else [], "positions": pos,
+                "alpha": float(alpha), "n": r["n"], "behavior_rate": r["behavior_rate"], "accuracy": r["accuracy"],
                 "answer_rate": answer_rate(texts), "mean_words": r["mean_words"],
                 "samples": [s["completion"] for s in r["samples"][:3]]}
 
-    table = [row(None, None, 0.0)]
-    for name, vec in vectors.items():
-        for a in alphas:
+    table = [row(None, None, 0.0, "all")]
+    for name, (vec, pos, al) in cands.items():
+        for a in al:
             if a > 0:
-                table.append(row(name, vec, a))
+                table.append(row(name, vec, a, pos))
     return table
 
 
@@ -84,7 +87,8 @@ def pick(table: list[dict], margin: float = 0.1, answer_tolerance: float = 0.1,
     best = max(ok, key=lambda r: (r["behavior_rate"], -r["alpha"]))
     gain = best["behavior_rate"] - base["behavior_rate"]
     eligible = {id(r) for r in ok}
-    return {"aligned": gain >= margin, "vector": best["vector"], "alpha": best["alpha"],
+    return {"aligned": gain >= margin, "vector": best["vector"], "positions": best.get("positions"),
+            "alpha": best["alpha"],
             "behavior_rate": best["behavior_rate"], "base_behavior_rate": base["behavior_rate"], "gain": gain,
             "range": intensity_range(table, best["vector"], best["alpha"], base["behavior_rate"] + margin,
                                      lambda r: id(r) in eligible)}
