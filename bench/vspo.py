@@ -2,14 +2,24 @@
 
 Target behaviour ``concise_answer`` (``llmkit.rewards.behaviors``; the paper's "response verbosity" in its rare
 form): at most ``--max-words`` words, a final answer, and the question's numbers used, so empty or content-free
-short replies score 0. The bundled SmolLM2-135M-Instruct, asked to solve step by step, almost never answers this
-briefly (the base rate is measured in the same run and printed as ``base_behavior_rate``), which is the
-sparse-reward regime VSPO is about; the steering vector (extracted from the behaviour's contrastive prompts) does
-elicit it at alpha 1. ``--behavior confident_answer`` is rarer still, but its prompt-contrast vector does not
-elicit it on this model (see recipes/configs/vspo/smollm2_concise_answer_gsm8k.yaml). Methods, all through ``llmkit train
-vspo`` (``llmkit.train.vspo.recipe``) with one config:
+short replies ("#### 20" included) score 0. The bundled SmolLM2-135M-Instruct, asked to solve step by step, almost
+never answers this briefly (``base_behavior_rate``, measured in the same run): the sparse-reward regime VSPO is
+about. ``--behavior confident_answer`` is rarer still, but its prompt-contrast vector does not elicit it on this
+model (see recipes/configs/vspo/smollm2_concise_answer_gsm8k.yaml).
 
-- ``vspo``: GRPO whose rollouts are steered at intensities spread over [0, alpha_max] (annealed to 0);
+1. Alignment check (the paper's condition "steering-induced distributions sufficiently aligned with the target
+   behavior"; ``llmkit.train.vspo.alignment``): the vector is extracted from the behaviour's contrastive prompts
+   (16/32 training questions, layer 18 = 60% depth), then the base model generates greedily on ``--align-n``
+   held-out test problems (after the evaluation problems) unsteered and at each candidate of ``--align``
+   (positions ``all``: activation addition on prompt and answer; ``answer``: from the last prompt token on) and
+   intensity. Printed as ``alignment <candidate> alpha <a>: behavior_rate, accuracy, answer_rate, mean_words``;
+   the pick (highest behaviour rate that keeps the answer rate and accuracy) sets the runs' steering positions,
+   ``guidance_alpha`` (also the teacher's) and ``alpha_max`` (top of the picked vector's range).
+2. Methods, all through ``llmkit train vspo`` (``llmkit.train.vspo.recipe``) with one config:
+
+- ``vspo``: GRPO whose rollouts are steered at intensities spread over [0, alpha_max], annealed linearly to 0 by
+  75% of the steps (our addition);
+- ``vspo_fixed``: the same with a fixed spread (``alpha_anneal none``): the schedule comparison;
 - ``grpo``: reward-shaped GRPO, the same rewards (task correctness + behaviour), no steering;
 - ``teacher``: teacher-trace distillation, SFT on the steered model's own samples (as many completions and
   optimizer steps as the GRPO runs), evaluated unsteered;
@@ -17,13 +27,18 @@ vspo`` (``llmkit.train.vspo.recipe``) with one config:
 
 Per method: behaviour rate and accuracy (greedy, unsteered except guidance) on held-out GSM8K test problems, pooled
 over seeds with Wilson 95% intervals and per-seed values; the first step at which a training curve (every
-``--curve-every`` steps on the first ``--curve-n`` test problems) reaches ``--target`` (censored seeds reported as
-not reached). Base model and guidance are greedy and seed-free, so they run once. ``--quick``: 1 seed, few steps,
-short completions (sized for a shared 2-core CPU); the full run: 3 seeds. Writes bench/results/vspo[_quick].json
-and a PNG. ``--timing`` is the older per-step overhead benchmark (VSPO vs TRL's GRPOTrainer, tiny model with
-``--quick``), written to bench/results/vspo_timing[_quick].json; ``--compare-runs`` summarises two finished runs.
+``--curve-every`` steps on the first ``--curve-n`` test problems) reaches ``--target`` (Kaplan-Meier median over
+seeds; censored seeds reported as not reached). Base model and guidance are greedy and seed-free, so they run once.
 
-    .venv/bin/python bench/vspo.py [--quick] [--seeds 3] [--steps 16]
+Presets (sized for a shared 2-core CPU, one torch thread per process, run through /work/bin/heavy): full: 3 seeds,
+8 steps of 8 rollouts (2 prompts x 4), 64-token completions and evaluations, 32 evaluation problems, curve every 4
+steps on 16, alignment on 32 problems; about 80 slot-minutes, split in two processes with ``--part 1/2`` and
+``--part 2/2`` (``--reuse``). ``--quick``: 1 seed, 4 steps, 24 evaluation problems, curve every 2 steps on 8.
+Writes bench/results/vspo[_quick].json and a PNG (bars with intervals and the behaviour-rate curves).
+``--timing`` is the older per-step overhead benchmark (VSPO vs TRL's GRPOTrainer, tiny model with ``--quick``),
+written to bench/results/vspo_timing[_quick].json.
+
+    /work/bin/heavy .venv/bin/python bench/vspo.py [--quick] [--reuse --part K/2]
 """
 
 from __future__ import annotations
