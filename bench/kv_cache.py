@@ -479,15 +479,15 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None, help="model name/path (default: the bundled model)")
     ap.add_argument("--group-size", type=int, default=128)
     ap.add_argument("--shots", type=int, default=3, help="train exemplars before each scored question")
-    ap.add_argument("--ppl-n", type=int, default=None)
-    ap.add_argument("--acc-n", type=int, default=None)
+    ap.add_argument("--ppl-n", type=int, default=None, help="GSM8K test problems scored (default 8 quick, 40 full)")
+    ap.add_argument("--acc-n", type=int, default=None, help="GSM8K test problems generated (default 6 quick, 32 full)")
     ap.add_argument("--acc-start", type=int, default=0, help="first GSM8K test problem of the accuracy run")
     ap.add_argument("--acc-names", default=None,
                     help="caches compared on GSM8K (default bf16,inquant,kivi with --quick, else bf16,inquant)")
     ap.add_argument("--acc-batch", type=int, default=16)
     ap.add_argument("--budget-min", type=float, default=None,
                     help="stop the accuracy run before a batch that would end after this many minutes")
-    ap.add_argument("--max-new-tokens", type=int, default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="GSM8K generation cap (default 96 quick, 256 full)")
     ap.add_argument("--compress-len", type=int, default=512)
     ap.add_argument("--skip", default="", help="comma list of sections to skip: ppl,acc,speed,decode,arms,capacity,serve,quanto "
                                                   "(quanto: transformers' QuantizedCache, which compiles optimum-quanto's extension on first use)")
@@ -528,9 +528,9 @@ def main(argv=None) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(0)
-    ppl_n = args.ppl_n or (8 if q else 100)
-    acc_n = args.acc_n or (6 if q else 200)
-    max_new = args.max_new_tokens or (96 if q else 320)
+    ppl_n = args.ppl_n or (8 if q else 40)
+    acc_n = args.acc_n or (6 if q else 32)
+    max_new = args.max_new_tokens or (96 if q else 256)
     acc_names = (args.acc_names or ("bf16,inquant,kivi" if q else "bf16,inquant")).split(",")
     skip = set(filter(None, args.skip.split(",")))
     if args.part == "core":
