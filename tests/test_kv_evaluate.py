@@ -66,3 +66,16 @@ def test_served_throughput_caps_concurrent_rows(tiny_model, tiny_tokenizer):
     assert r["max_batch_seen"] <= 2
     with pytest.raises(ValueError, match="max_batch_size must be >= 1"):
         kve.served_throughput(tiny_model, tiny_tokenizer, prompts, 6, max_batch_size=0)
+
+
+def test_plot_results_writes_a_png_and_needs_the_arms(tmp_path):
+    per_arm = {a: {"pairs": p, "possible": 8} for a, p in (("inquant/per-token/none", 0), ("inquant/per-token/score", 3))}
+    res = {"arms": {"per_arm": per_arm, "ppl": {"bf16": 2.0, "inquant/per-token/none": 2.1, "inquant/per-token/score": 2.02},
+                    "long_ppl": {"bf16": 3.0, "inquant/per-token/none": 3.3, "inquant/per-token/score": 3.1}},
+           "perplexity": {"bf16": 2.0, "kivi": 2.05, "tokens": 10},
+           "capacity": {"sequences": {"bf16": 10, "inquant": 35}},
+           "served": {"results": {"bf16": {"tokens_per_s": 2.0}, "inquant": {"tokens_per_s": 3.0}}}}
+    out = kve.plot_results(res, tmp_path / "kv.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    with pytest.raises(ValueError, match="no 'arms'"):
+        kve.plot_results({}, tmp_path / "x.png")

@@ -192,3 +192,50 @@ def served_throughput(model, tokenizer, prompts: list[str], max_new_tokens: int 
     return {"tokens": n, "seconds": dt, "tokens_per_s": n / dt, "max_batch_size": max_batch_size,
             "max_batch_seen": loop.max_batch_seen, "joined": loop.joined, "batches": loop.batches,
             "texts": [texts[i] for i in range(len(prompts))]}
+
+
+def plot_results(res: dict, path: str | Path) -> Path:
+    """PNG of a ``bench/kv_cache.py`` result: perplexity ratio vs bf16 per InQuant arm (GSM8K
+    solutions and long context) beside the baselines, and capacity / served throughput vs bf16."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = res.get("arms")
+    if not arms:
+        raise ValueError("the result has no 'arms' section to plot")
+    pb, lb = arms["ppl"]["bf16"], arms["long_ppl"]["bf16"]
+    names = list(arms["per_arm"])
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 1]})
+    ax = axes[0]
+    x = range(len(names))
+    ax.bar([i - 0.2 for i in x], [arms["ppl"][n] / pb - 1 for n in names], 0.4, label="GSM8K solutions")
+    ax.bar([i + 0.2 for i in x], [arms["long_ppl"][n] / lb - 1 for n in names], 0.4, label="long context")
+    base = {n: v / res["perplexity"]["bf16"] - 1 for n, v in res.get("perplexity", {}).items()
+            if n not in ("bf16", "tokens", "inquant")}
+    for j, (n, v) in enumerate(base.items()):
+        ax.axhline(v, ls="--", lw=0.9, color=f"C{j + 2}", label=f"{n} (GSM8K)")
+    labels = [f"{n.removeprefix('inquant/')}\n{arms['per_arm'][n]['pairs']}/{arms['per_arm'][n]['possible']} pairs"
+              for n in names]
+    ax.set_xticks(list(x), labels, fontsize=7)
+    ax.set_ylabel("perplexity excess vs bf16 cache")
+    ax.set_title("InQuant arms: layout / gate (pairs kept)")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    bars = {}
+    if "capacity" in res:
+        seqs = res["capacity"]["sequences"]
+        bars["capacity"] = seqs["inquant"] / seqs["bf16"]
+    if "served" in res:
+        r = res["served"]["results"]
+        bars["served tok/s"] = r["inquant"]["tokens_per_s"] / r["bf16"]["tokens_per_s"]
+    ax.bar(list(bars), list(bars.values()), color="tab:green")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_ylabel("InQuant / bf16")
+    ax.set_title("At a fixed KV budget")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
