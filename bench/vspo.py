@@ -89,6 +89,8 @@ def main():
                     "every finished run (a stopped or split run continues; the summary needs all of them)")
     ap.add_argument("--part", default="1/1", help="K/N: run only every N-th run starting at the K-th (split a "
                     "full run over processes; with --reuse the last part to finish writes the results)")
+    ap.add_argument("--summarize-only", action="store_true", help="with --reuse: run nothing more, summarise the "
+                    "finished runs (the JSON lists the missing ones; seeds per method may then differ)")
     ap.add_argument("--timing", action="store_true", help="the per-step time benchmark instead")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--round-steps", type=int, default=None, help="--timing: steps per trainer per round")
@@ -315,7 +317,7 @@ def methods(args) -> None:
         folder = work / (mode if seed is None else f"{mode}-{seed}")
         over = {**common, "eval_before": mode == "guidance"}
         over.update({"mode": "guidance"} if seed is None else {**RUN_MODES[mode], "seed": seed})
-        if i % n_parts != k - 1:  # another part's run
+        if args.summarize_only or i % n_parts != k - 1:  # another part's run
             ev = finished(folder, over)
             if ev is None:
                 missing.append(folder.name)
@@ -324,7 +326,9 @@ def methods(args) -> None:
             continue
         print(f"--- {folder.name} ({time.time() - t0:.0f}s so far)", file=sys.stderr)
         runs[mode].append(run_recipe(folder, over, reuse=args.reuse))
-    if missing:
+    if missing and args.summarize_only:
+        print(f"summarising the finished runs only; missing: {', '.join(missing)}")
+    elif missing:
         print(f"part {args.part} done; still missing: {', '.join(missing)} (run the other parts, then any part "
               "again with --reuse to summarise)")
         return
@@ -334,7 +338,7 @@ def methods(args) -> None:
                  "alignment_behavior_rate": choice["behavior_rate"], "alignment_base_rate": choice["base_behavior_rate"],
                  "alignment_range": choice["range"],
                  "base_behavior_rate": base["behavior_rate"], "base_accuracy": base["accuracy"]}
-    for m in METHODS:
+    for m in summary:
         s = summary[m]
         fig[f"behavior_rate_{m}"] = s["behavior_rate"]["rate"]
         fig[f"behavior_rate_{m}_ci95"] = s["behavior_rate"]["ci95"]
@@ -349,7 +353,8 @@ def methods(args) -> None:
         else:
             fig[f"first_step_at_target_{m}"] = (fs["km_median"] if fs["km_median"] is not None else
                                                 f"not reached by step {steps} ({fs['reached']}/{fs['runs']} seeds)")
-    fig.update({"seeds": seeds, "steps": steps, "eval_n": eval_n, "target_behavior_rate": args.target,
+    fig.update({"seeds": seeds if not missing else {m: summary[m]["seeds"] for m in summary}, "steps": steps,
+                "eval_n": eval_n, "target_behavior_rate": args.target,
                 "guidance_alpha": guidance_alpha, "alpha_max": alpha_max})
     for k_, v in fig.items():
         print(f"{k_}: {v:.3f}" if isinstance(v, float) else f"{k_}: {v}")
@@ -357,7 +362,7 @@ def methods(args) -> None:
     name = "vspo_quick" if args.quick else "vspo"
     payload = {"figures": fig, "summary": summary, "alignment": align,
                "base": {k_: base[k_] for k_ in ("n", "behavior_rate", "accuracy", "mean_words")}, "config": common,
-               "seconds": round(time.time() - t0), "runs": {
+               "missing_runs": missing, "seconds": round(time.time() - t0), "runs": {
                m: [{k_: r.get(k_) for k_ in ("after", "curve", "first_step_at_target", "teacher", "steps",
                                                "train_seconds")} for r in rs] for m, rs in runs.items()}}
     (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
