@@ -31,9 +31,9 @@ over seeds with Wilson 95% intervals and per-seed values; the first step at whic
 seeds; censored seeds reported as not reached). Base model and guidance are greedy and seed-free, so they run once.
 
 Presets (sized for a shared 2-core CPU, one torch thread per process, run through /work/bin/heavy): full: 3 seeds,
-6 steps of 8 rollouts (2 prompts x 4), 64-token completions and evaluations, 32 evaluation problems, curve every 3
-steps on 16, alignment on 32 problems; about 70 slot-minutes, split in two processes with ``--part 1/2`` and
-``--part 2/2`` (``--reuse``). ``--quick``: 1 seed, 4 steps, 24 evaluation problems, curve every 2 steps on 8.
+4 steps of 8 rollouts (2 prompts x 4), 64-token completions and evaluations, 32 evaluation problems, curve every 2
+steps on 16, alignment on 32 problems; about 50 slot-minutes, split in two processes with ``--part 1/2`` and
+``--part 2/2`` (``--reuse``). ``--quick``: 1 seed, 24 evaluation problems, curve on 8.
 Writes bench/results/vspo[_quick].json and a PNG (bars with intervals and the behaviour-rate curves).
 ``--timing`` is the older per-step overhead benchmark (VSPO vs TRL's GRPOTrainer, tiny model with ``--quick``),
 written to bench/results/vspo_timing[_quick].json.
@@ -65,9 +65,9 @@ def main():
                     "--timing: a tiny random Llama, 3 rounds of 3 steps, no importance-correction arm")
     ap.add_argument("--model", default=None, help="default: smollm2-135m-instruct (tiny for --timing --quick)")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per trained method (default 3, --quick 1)")
-    ap.add_argument("--steps", type=int, default=None, help="optimizer steps per trained run (default 6, --quick 4)")
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps per trained run (default 4)")
     ap.add_argument("--eval-n", type=int, default=None, help="held-out problems per evaluation (32, --quick 24)")
-    ap.add_argument("--curve-every", type=int, default=None, help="curve point every N steps (3, --quick 2)")
+    ap.add_argument("--curve-every", type=int, default=None, help="curve point every N steps (2)")
     ap.add_argument("--curve-n", type=int, default=None, help="problems per curve point (16, --quick 8)")
     ap.add_argument("--target", type=float, default=0.25, help="target behaviour rate for the first-step figure")
     ap.add_argument("--behavior", default="concise_answer")
@@ -276,7 +276,7 @@ def methods(args) -> None:
     from llmkit.train.vspo.compare import summarize
 
     seeds = args.seeds or (1 if args.quick else 3)
-    steps = args.steps or (4 if args.quick else 6)
+    steps = args.steps or 4
     eval_n = args.eval_n or (24 if args.quick else 32)
     tokens = args.max_new_tokens or 64
     work = Path(args.work_dir) / ("quick" if args.quick else "full")
@@ -296,7 +296,7 @@ def methods(args) -> None:
         "num_generations": 4, "max_completion_length": tokens, "temperature": 1.0,
         "learning_rate": args.learning_rate, "lr_scheduler_type": "constant", "beta": 0.0, "logging_steps": 1,
         "save_strategy": "no", "report_to": "none", "use_cpu": True, "bf16": False, "dataloader_num_workers": 0,
-        "disable_tqdm": True, "curve_every_steps": args.curve_every or (2 if args.quick else 3),
+        "disable_tqdm": True, "curve_every_steps": args.curve_every or 2,
         "curve_num_problems": args.curve_n or (8 if args.quick else 16), "target_behavior_rate": args.target,
     }
     if args.layer is not None:
