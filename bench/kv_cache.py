@@ -457,6 +457,12 @@ def merge() -> dict:
     return res
 
 
+def write_plot(res: dict, out: Path) -> None:
+    """``<out>.png`` beside a result that has the InQuant arms (``kv_cache.evaluate.plot_results``)."""
+    if "arms" in res:
+        print(f"plot written to {kve.plot_results(res, out.with_suffix('.png'))}")
+
+
 def save_partial(res: dict, out: Path) -> None:
     """Write what is measured so far, figures included (a run stopped later still leaves them)."""
     import contextlib
@@ -509,12 +515,14 @@ def main(argv=None) -> int:
     ap.add_argument("--serve-bf16-rows", type=int, default=2,
                     help="the served KV budget: what this many bf16 sequences of prompt+new tokens hold")
     ap.add_argument("--report", default=None, metavar="JSON",
-                    help="print the figure lines of a results file this script wrote (runs nothing)")
+                    help="print the figure lines of a results file this script wrote and plot it next to it "
+                         "(runs nothing)")
     args = ap.parse_args(argv)
     q = args.quick
     if args.report:
         res = json.loads(Path(args.report).read_text())
         print(json.dumps(report(res)))
+        write_plot(res, Path(args.report))
         return 0
     if args.merge:
         res = merge()
@@ -523,6 +531,7 @@ def main(argv=None) -> int:
         out = ROOT / "bench" / "results" / "kv_cache.json"
         out.write_text(json.dumps(res, indent=2))
         print(f"results written to {out}")
+        write_plot(res, out)
         print(json.dumps(figs))
         return 0
 
@@ -686,6 +695,7 @@ def main(argv=None) -> int:
     res["figures"] = figs
     out.write_text(json.dumps(res, indent=2))
     print(f"results written to {out}")
+    write_plot(res, out)
     print(json.dumps(figs))
     return 0
 
