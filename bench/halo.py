@@ -225,7 +225,7 @@ def main() -> int:
     out_json.write_text(json.dumps(report, indent=2) + "\n")
     png = ex.plot_summary(runs, summary, RESULTS / f"{name}.png", title="GSM8K val loss, SmolLM2-135M SFT")
     for k, v in figures.items():
-        print(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
+        print(f"{k}: {v:g}" if k.startswith("lr_") else f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
     print(f"results: {out_json} (curves: {png})")
     print(json.dumps(figures))
     return 0
