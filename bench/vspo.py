@@ -33,7 +33,8 @@ seeds; censored seeds reported as not reached). Base model and guidance are gree
 Presets (sized for a shared 2-core CPU, one torch thread per process, run through /work/bin/heavy): full: 3 seeds,
 4 steps of 8 rollouts (2 prompts x 4), 64-token completions and evaluations, 32 evaluation problems, curve every 2
 steps on 16, alignment on 32 problems; about 50 slot-minutes, split in two processes with ``--part 1/2`` and
-``--part 2/2`` (``--reuse``). ``--quick``: 1 seed, 24 evaluation problems, curve on 8.
+``--part 2/2`` (``--reuse``), or shared first come first served with ``--reuse --claim`` in each process.
+``--quick``: 1 seed, 24 evaluation problems, curve on 8.
 Writes bench/results/vspo[_quick].json and a PNG (bars with intervals and the behaviour-rate curves).
 ``--timing`` is the older per-step overhead benchmark (VSPO vs TRL's GRPOTrainer, tiny model with ``--quick``),
 written to bench/results/vspo_timing[_quick].json.
@@ -89,6 +90,9 @@ def main():
                     "every finished run (a stopped or split run continues; the summary needs all of them)")
     ap.add_argument("--part", default="1/1", help="K/N: run only every N-th run starting at the K-th (split a "
                     "full run over processes; with --reuse the last part to finish writes the results)")
+    ap.add_argument("--claim", action="store_true", help="with --reuse: processes sharing the work folder take "
+                    "the runs in order, each claiming one (<run>.claim) before starting it; the last to finish "
+                    "writes the results (delete stale .claim files of a killed process)")
     ap.add_argument("--summarize-only", action="store_true", help="with --reuse: run nothing more, summarise the "
                     "finished runs (the JSON lists the missing ones; seeds per method may then differ)")
     ap.add_argument("--timing", action="store_true", help="the per-step time benchmark instead")
@@ -312,20 +316,32 @@ def methods(args) -> None:
     plan = [("guidance", None)] + [(m, seed) for seed in range(seeds) for m in RUN_MODES]
     k, n_parts = (int(x) for x in args.part.split("/"))
     runs: dict[str, list[dict]] = {m: [] for m in METHODS}
-    missing = []
+    missing, later = [], []
     for i, (mode, seed) in enumerate(plan):
         folder = work / (mode if seed is None else f"{mode}-{seed}")
         over = {**common, "eval_before": mode == "guidance"}
         over.update({"mode": "guidance"} if seed is None else {**RUN_MODES[mode], "seed": seed})
-        if args.summarize_only or i % n_parts != k - 1:  # another part's run
+        theirs = args.summarize_only or i % n_parts != k - 1  # another part's run
+        if not theirs and args.claim:  # first come, first served between processes sharing the work folder
             ev = finished(folder, over)
             if ev is None:
-                missing.append(folder.name)
-            else:
-                runs[mode].append(ev)
+                try:
+                    fd = os.open(work / f"{folder.name}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                    os.write(fd, str(os.getpid()).encode())
+                    os.close(fd)
+                except FileExistsError:
+                    theirs = True
+        if theirs:
+            later.append((mode, folder, over))
             continue
         print(f"--- {folder.name} ({time.time() - t0:.0f}s so far)", file=sys.stderr)
         runs[mode].append(run_recipe(folder, over, reuse=args.reuse))
+    for mode, folder, over in later:  # other processes' runs, looked at once this one's are done
+        ev = finished(folder, over)
+        if ev is None:
+            missing.append(folder.name)
+        else:
+            runs[mode].append(ev)
     if missing and args.summarize_only:
         print(f"summarising the finished runs only; missing: {', '.join(missing)}")
     elif missing:
