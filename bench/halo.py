@@ -40,6 +40,12 @@ one epoch and behave the same, so they would not test the low-resource regime.)
 About 160 s per run + 80 s per sweep run, ~85 slot-minutes in all; split it
 over two processes with ``--methods full halo`` and ``--methods lisa stepwise``.
 
+The sweep runs at the smallest size only, so a schedule's rate can be too low for
+the larger one. Control used for the full run (full finetuning at HALO's rate,
+n=32 only; its figures are comparable with halo.json's n=32 keys, same data):
+
+    .venv/bin/python bench/halo.py --name halo_full_lr3e-5_n32 --methods full --lrs 3e-5 --sizes 32
+
 HALO's homotopy takes the first half of the budget (10 steps here) over 32 units
 (the head with the tied matrix, 30 decoder layers, the tied matrix's input role);
 LISA resamples its 2 layers every 4 steps. The quick preset (6 steps, val at 3
