@@ -258,9 +258,14 @@ def main() -> int:
 
     parts = {k: json.loads((work / f"part_{k}.json").read_text())
              for k in ("base", "warm", "smith", "combined_reward") if (work / f"part_{k}.json").is_file()}
-    missing = {"base", "smith", "combined_reward"} - set(parts)
+    missing = {"base", "smith"} - set(parts)
     if missing:
         raise SystemExit(f"missing parts {sorted(missing)} in {work}: run them with --only first")
+    # when each part was written (parts may come from separate invocations: --only base, --only smith ...)
+    written = {k: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime((work / f"part_{k}.json").stat().st_mtime))
+               for k in parts}
+    if "combined_reward" not in parts:
+        print("combined_reward: not run (no part_combined_reward.json in the work folder); its keys are null")
     b, w = parts["base"], parts.get("warm", {})
     cond, per_fam = dict(b["conditions"]), dict(b["per_family"])
     parse = {"base": b["parse_base"]}
@@ -269,7 +274,7 @@ def main() -> int:
         parse["warm_start"] = w["parse"]
     samples = dict(b["sample_replies"])
     runs = {}
-    for name in ("smith", "combined_reward"):
+    for name in [k for k in ("smith", "combined_reward") if k in parts]:
         d = parts[name]
         cond[name], per_fam[name], runs[name] = d["macro"], d["per_family"], d["run"]
         samples[name] = d["sample_replies"]
@@ -309,7 +314,7 @@ def main() -> int:
         print(f"frozen student (base model) on the {len(tf)} training families of SMITH's training pool: with the "
               f"pooled tools {r['macro']:.3f} vs without tools {r0['macro']:.3f} (call parse rate "
               f"{r['call_parse_rate']:.3f})")
-    for k in ("smith", "combined_reward", "untrained_writer", "reference_tools"):
+    for k in [k for k in ("smith", "combined_reward", "untrained_writer", "reference_tools") if k in cond]:
         print(f"difference {k} - no_tools: {cond[k] - cond['no_tools']:+.3f}")
 
     for k in ("before", "after"):
@@ -325,7 +330,7 @@ def main() -> int:
                  "warm_builds": {k: w.get(f"build_{k}") for k in ("before", "after")}, "sandbox": ov, "attacks": b["attacks"],
                  "untrained_builds": b["untrained_builds"], "conditions": cond, "per_family": per_fam, "runs": runs,
                  "use_call_parse_rate": parse, "sample_replies": samples, "student_training_pool": student_train,
-                 "merge_seconds": round(time.time() - t_start, 1)}
+                 "parts_written_utc": written, "merge_seconds": round(time.time() - t_start, 1)}
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = "smith_quick" if q else "smith"
     (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
@@ -334,7 +339,7 @@ def main() -> int:
     summary = {"heldout_macro_acc": cond["smith"], "heldout_macro_acc_untrained_writer": cond["untrained_writer"],
                "heldout_macro_acc_no_tools": cond["no_tools"],
                "heldout_macro_acc_reference_tools": cond["reference_tools"],
-               "heldout_macro_acc_combined_reward": cond["combined_reward"],
+               "heldout_macro_acc_combined_reward": cond.get("combined_reward"),
                "student_macro_acc_smith_tools": cond["student_smith_tools"],
                "student_macro_acc_untrained_tools": cond["student_untrained_tools"],
                "heldout_macro_acc_warm_start_reference_tools": cond.get("warm_reference_tools"),
@@ -344,7 +349,7 @@ def main() -> int:
                "build_verified_rate_before": w.get("build_verified_rate_before"),
                "build_verified_rate_after": w.get("build_verified_rate_after"),
                "pool_size": runs["smith"]["pool_size"],
-               "pool_size_combined_reward": runs["combined_reward"]["pool_size"],
+               "pool_size_combined_reward": runs.get("combined_reward", {}).get("pool_size"),
                "student_macro_acc_smith_training_pool": student_train["with_pool"] if student_train else None,
                "student_macro_acc_training_families_no_tools": student_train["no_tools"] if student_train else None,
                "sandbox_p50_ms": round(ov["p50_ms"], 2), "sandbox_p95_ms": round(ov["p95_ms"], 2),
