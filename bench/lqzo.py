@@ -294,9 +294,9 @@ def main() -> int:
             print(f"INT{bits} {method}: recovered {100 * statistics.fmean(rec):.1f}%{sd} of the quantization loss gap "
                   f"(per seed: {', '.join(f'{100 * x:.1f}%' for x in rec)})", flush=True)
         # the claim is relative: LQZO vs QZO with the same seed (same batches, same test rows)
-        lq, qz = res["runs"][f"lqzo_int{bits}"], res["runs"][f"qzo_int{bits}"]
-        if "runs" in lq and "runs" in qz:
-            d = B.paired_seed_diff(lq["runs"], qz["runs"])
+        lq_cell, qz_cell = res["runs"][f"lqzo_int{bits}"], res["runs"][f"qzo_int{bits}"]
+        if "runs" in lq_cell and "runs" in qz_cell:
+            d = B.paired_seed_diff(lq_cell["runs"], qz_cell["runs"])
             res[f"paired_lqzo_minus_qzo_int{bits}"] = d
             print(f"INT{bits} test loss LQZO - QZO, paired by seed: {d['mean']:+.4f} +- {d['std']:.4f} "
                   f"(per seed: {', '.join(f'{x:+.4f}' for x in d['diffs'])}; LQZO lower in {d['a_better']} of "
