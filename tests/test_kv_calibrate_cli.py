@@ -130,3 +130,19 @@ def test_calibration_texts_pack_records_up_to_the_length(data, tmp_path):
         empty = tmp_path / "empty.txt"
         empty.write_text("   \n")
         read_calibration_texts(empty, tok)
+
+
+def test_lm_eval_model_uses_the_calibration_serve_would(tiny_dir, data, capsys):
+    """`kv_cache=inquant` through lm-eval builds the same cache as `llmkit serve --kv-cache inquant`."""
+    from llmkit.evals.lmeval import LlmkitLM
+
+    lm = LlmkitLM(pretrained=str(tiny_dir), engine="hf", kv_cache="inquant", device="cpu")
+    assert not lm.engine.cache_factory(lm.engine.model).rows_mergeable
+    assert "no calibration" in capsys.readouterr().err
+    assert main(["kv", "calibrate", "--model", str(tiny_dir), "--data", str(data), "--start", "0",
+                 "--texts", "3", "--max-len", "64"]) == 0
+    capsys.readouterr()
+    lm = LlmkitLM(pretrained=str(tiny_dir), engine="hf", kv_cache="inquant", device="cpu")
+    cache = lm.engine.cache_factory(lm.engine.model)
+    assert cache.layout == "per-token" and cache.calibration is not None and cache.rows_mergeable
+    assert "calibrated from" in capsys.readouterr().err

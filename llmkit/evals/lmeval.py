@@ -211,6 +211,15 @@ def _register():
 
                 kw["cache_factory"] = cache_factory(kv_cache)
             self.engine = get_engine(engine, pretrained, **kw)
+            if kv_cache and kv_cache.lower() == "inquant":
+                # the cache `llmkit serve` builds: the saved calibration (per-token keys, score gate) when the
+                # model has one, else the uncalibrated per-channel cache, and a line saying which
+                import sys
+
+                from llmkit.serving.kv_cache import inquant_serving_factory
+
+                self.engine.cache_factory, msg = inquant_serving_factory(self.engine.model)
+                print(msg, file=sys.stderr, flush=True)
             self.guard = None
             if guard:
                 if engine != "hf":
