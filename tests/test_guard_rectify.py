@@ -117,3 +117,73 @@ def test_bad_arguments_are_named(setup):
     with pytest.raises(ValueError, match="not guard layers"):
         generate_rectified(model, tok, guard, prompts, GenerationParams(max_new_tokens=4, temperature=0.0),
                            steer_layers=[3])
+
+
+def _plain_and_captures(model, tok, guard, prompts, params):
+    # teacher-forced captures of the generated ids (the tiny byte-level tokenizer's random output does not
+    # survive a decode/encode round trip, so the ids go in as they were generated)
+    from llmkit.generation import encode_chat
+    from llmkit.serving.guard.capture import Capture
+
+    plain = generate_rectified(model, tok, guard, prompts, params, alpha=0.0, threshold=float("inf"), batch_size=1)
+    caps = []
+    for m, p in zip(prompts, plain):
+        p_ids = encode_chat(tok, m)
+        with torch.no_grad():
+            hs = model(input_ids=torch.tensor([p_ids + p.completion.token_ids]), output_hidden_states=True).hidden_states
+        caps.append(Capture(states={l: hs[l][0, len(p_ids):].float() for l in guard.layers},
+                            n_tokens=len(p.completion.token_ids)))
+    return [p.text for p in plain], [p.completion.token_ids for p in plain], caps
+
+
+@pytest.mark.parametrize("threshold", ["always", "median"])
+def test_rectifying_from_captures_equals_live_rectified_generation(setup, threshold):
+    # the replay must reproduce the live run: same trigger points, same scores, same texts
+    from llmkit.serving.guard.rectify import rectify_from_captures, trigger_point
+
+    model, tok, guard, prompts = setup
+    params = GenerationParams(max_new_tokens=16, temperature=0.0)
+    texts, ids, caps = _plain_and_captures(model, tok, guard, prompts, params)
+    if threshold == "always":
+        thr = float("-inf")
+    else:  # a threshold some rows cross (after their first check) and some never
+        from llmkit.serving.guard.capture import Capture
+
+        def running(c):
+            return [float(guard.layer_z([Capture(states={l: c.states[l][:t] for l in guard.layers}, n_tokens=t)])[0]
+                          .mean()) for t in range(3, c.n_tokens + 1, 2)]
+
+        highest = sorted({max(running(c)) for c in caps if c.n_tokens >= 3})
+        assert len(highest) >= 2, "the tiny setup needs answers with different score paths"
+        thr = (highest[0] + highest[1]) / 2  # away from any row's score: numerics cannot decide a check
+        assert trigger_point(guard, caps[0], threshold=float("-inf"), min_tokens=3, check_every=2)[0] == 3
+    kw = dict(alpha=1.0, min_tokens=3, check_every=2, threshold=thr)
+    live = generate_rectified(model, tok, guard, prompts, params, batch_size=1, **kw)
+    replay = rectify_from_captures(model, tok, guard, prompts, texts, caps, params, response_ids=ids, batch_size=3,
+                                   **kw)
+    assert [r.triggered_at for r in replay] == [w.triggered_at for w in live]
+    for r, w in zip(replay, live):
+        if w.trigger_score is not None:
+            assert r.trigger_score == pytest.approx(w.trigger_score, rel=1e-3, abs=1e-3)
+    assert [r.text for r in replay] == [w.text for w in live]
+    fired = [r for r in replay if r.triggered_at is not None]
+    assert fired and (threshold == "always" or len(fired) < len(prompts))
+    if threshold == "always":  # fired early: the steering changed some continuation
+        assert any(r.text != t for r, t in zip(replay, texts))
+    # unflagged answers come back untouched, and without a generation
+    assert all(r.text == t and r.completion is None for r, t in zip(replay, texts) if r.triggered_at is None)
+
+
+def test_rectifying_from_captures_rejects_mismatched_inputs(setup):
+    from llmkit.serving.guard.rectify import rectify_from_captures
+
+    model, tok, guard, prompts = setup
+    params = GenerationParams(max_new_tokens=8, temperature=0.0)
+    texts, _, caps = _plain_and_captures(model, tok, guard, prompts[:2], params)
+    with pytest.raises(ValueError, match="one of each"):
+        rectify_from_captures(model, tok, guard, prompts[:2], texts, caps[:1], params)
+    with pytest.raises(ValueError, match="captures must be of these responses"):
+        rectify_from_captures(model, tok, guard, prompts[:2], ["", ""], caps, params, threshold=float("-inf"),
+                              min_tokens=1)
+    with pytest.raises(ValueError, match="greedy"):
+        rectify_from_captures(model, tok, guard, prompts[:2], texts, caps, GenerationParams(temperature=0.7))

@@ -166,3 +166,115 @@ def generate_rectified(model, tokenizer, guard, prompts_messages: list[list[dict
         bar.update(len(chunk))
     bar.close()
     return out
+
+
+def trigger_point(guard, cap: Capture, *, threshold: float, min_tokens: int = 8, check_every: int = 4,
+                  max_new_tokens: int | None = None) -> tuple[int | None, float | None]:
+    """Where :func:`generate_rectified` would fire on a response it generated itself.
+
+    ``cap`` is the teacher-forced capture of the response (its guard-layer states): the
+    monitor's running score after ``t`` tokens is the guard's score of the first ``t`` rows,
+    checked at ``min_tokens``, then every ``check_every`` tokens, while the row is unfinished
+    (at most ``n_tokens`` tokens, and the last token of a ``max_new_tokens``-long answer is
+    never followed by a check). Returns ``(t, score)`` or ``(None, None)``.
+    """
+    last = cap.n_tokens if max_new_tokens is None else min(cap.n_tokens, max_new_tokens - 1)
+    for t in range(max(1, min_tokens), last + 1, max(1, check_every)):
+        part = Capture(states={l: cap.states[l][:t] for l in guard.layers}, n_tokens=t)
+        score = float(guard.layer_z([part])[0].mean())
+        if score > threshold:
+            return t, score
+    return None, None
+
+
+@torch.inference_mode()
+def rectify_from_captures(model, tokenizer, guard, prompts_messages: list[list[dict]], responses: list[str],
+                          captures: list[Capture], params, *, alpha: float = 0.5, min_tokens: int = 8,
+                          check_every: int = 4, threshold: float | None = None, steer_layers: list[int] | None = None,
+                          response_ids: list[list[int]] | None = None, batch_size: int = 8,
+                          progress: bool = False) -> list[Rectified]:
+    """:func:`generate_rectified` for answers already generated greedily, without generating the unflagged ones.
+
+    Until the guard fires, rectified generation *is* greedy generation (the hooks only read), so
+    its result is determined by the plain answer: the trigger point is found on the answer's
+    teacher-forced ``captures`` (:func:`trigger_point`), an answer the guard never fires on is
+    returned as it is, and a flagged one keeps its first ``t`` tokens and continues from there with
+    the shift ``alpha * (mu_l - m_l)`` of the first ``t`` states, exactly as the live monitor would
+    (the token chosen at the trigger comes from unsteered states, every later one from steered
+    states). ``responses`` must be the texts the captures were taken of (``capture`` encodes them with
+    ``encode_text``; pass ``response_ids`` when the captures were taken of other ids, such as the ids a
+    model generated that do not survive a decode/encode round trip). With answers served by
+    another engine (vLLM), the continuation also switches engine: run it with ``alpha=0`` too to
+    separate the steering from the switch. ``completion`` of an unflagged result is ``None``.
+    """
+    from tqdm.auto import tqdm
+
+    from llmkit.generation import Completion, _eos_ids, encode_chat, encode_text
+
+    if not params.greedy:
+        raise ValueError("latent rectification is implemented for greedy decoding (temperature 0)")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1] (the fraction of the drift removed), got {alpha}")
+    if not len(prompts_messages) == len(responses) == len(captures):
+        raise ValueError(f"{len(prompts_messages)} prompts, {len(responses)} responses and {len(captures)} captures: "
+                         "one of each per answer")
+    guard._check_model(model)
+    n = model.config.num_hidden_layers
+    steer = [l for l in guard.layers if 1 <= l < n] if steer_layers is None else list(steer_layers)
+    thr = guard.threshold if threshold is None else float(threshold)
+    out: list[Rectified | None] = [None] * len(responses)
+    todo = []  # (index, prompt ids, kept response ids, t, score)
+    for i, (m, text, cap) in enumerate(zip(prompts_messages, responses, captures)):
+        t, score = trigger_point(guard, cap, threshold=thr, min_tokens=min_tokens, check_every=check_every,
+                                 max_new_tokens=params.max_new_tokens)
+        if t is None:
+            out[i] = Rectified(text, None, None, None)
+            continue
+        r_ids = list(response_ids[i]) if response_ids is not None else encode_text(tokenizer, text)
+        if len(r_ids) < cap.n_tokens:
+            raise ValueError(f"response {i} has {len(r_ids)} tokens but its capture {cap.n_tokens}: "
+                             "the captures must be of these responses")
+        todo.append((i, encode_chat(tokenizer, m), r_ids[:t], t, score))
+    eos = _eos_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos), 0)
+    device = next(model.parameters()).device
+    todo.sort(key=lambda r: len(r[1]) + len(r[2]))
+    bar = tqdm(total=len(todo), desc="rectified continuation", disable=not progress, unit="resp")
+    for start in range(0, len(todo), batch_size):
+        chunk = todo[start : start + batch_size]
+        seqs = [p + r for _, p, r, _, _ in chunk]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, s in enumerate(seqs):  # left padding, as generation pads
+            ids[r, width - len(s) :] = torch.tensor(s)
+            mask[r, width - len(s) :] = 1
+        mon = _Monitor(model, guard, width, len(chunk), eos, threshold=float("inf"), alpha=alpha,
+                       min_tokens=1, check_every=1, steer_layers=steer if alpha > 0 else [])
+        for r, (_, _, kept, t, score) in enumerate(chunk):
+            mon.triggered[r], mon.trigger_score[r] = t, score
+            cap = captures[chunk[r][0]]
+            for l in mon.shift:
+                mu = guard.manifolds[l].mean.double()
+                if mon.shift[l] is None:
+                    mon.shift[l] = torch.zeros(len(chunk), mu.numel(), dtype=torch.float64)
+                mon.shift[l][r] = alpha * (mu - cap.states[l][:t].double().mean(0))
+        try:
+            seq = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                 max_new_tokens=params.max_new_tokens - min(c[3] for c in chunk),
+                                 do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad)
+        finally:
+            mon.close()
+        for r, (i, p_ids, kept, t, score) in enumerate(chunk):
+            new = []
+            for tok_id in seq[r, width:].tolist()[: params.max_new_tokens - t]:
+                if tok_id in eos:
+                    break
+                new.append(tok_id)
+            gen = kept + new
+            finish = "length" if len(gen) >= params.max_new_tokens else "stop"
+            comp = Completion(tokenizer.decode(gen, skip_special_tokens=True), len(p_ids), len(gen), finish, gen)
+            out[i] = Rectified(comp.text, comp, t, score)
+        bar.update(len(chunk))
+    bar.close()
+    return out  # type: ignore[return-value]
