@@ -157,7 +157,7 @@ def test_rectifying_from_captures_equals_live_rectified_generation(setup, thresh
         assert len(highest) >= 2, "the tiny setup needs answers with different score paths"
         thr = (highest[0] + highest[1]) / 2  # away from any row's score: numerics cannot decide a check
         assert trigger_point(guard, caps[0], threshold=float("-inf"), min_tokens=3, check_every=2)[0] == 3
-    kw = dict(alpha=1.0, min_tokens=3, check_every=2, threshold=thr)
+    kw = {"alpha": 1.0, "min_tokens": 3, "check_every": 2, "threshold": thr}
     live = generate_rectified(model, tok, guard, prompts, params, batch_size=1, **kw)
     replay = rectify_from_captures(model, tok, guard, prompts, texts, caps, params, response_ids=ids, batch_size=3,
                                    **kw)
