@@ -79,13 +79,21 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="small slices (tens of minutes on the shared CPU)")
     p.add_argument("--data", default=None, help="IHEval benchmark folder (default ../shared/data/iheval/benchmark)")
     p.add_argument("--gsm8k", default="../shared/data/gsm8k/test.jsonl", help="GSM8K jsonl for the injection set")
-    p.add_argument("--limit", type=int, default=None, help="IHEval items per variant file (quick 10, full 40)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="IHEval items per variant file (quick 10; full: every sample)")
     p.add_argument("--gsm8k-questions", type=int, default=None, help="GSM8K questions (quick 64, full 160)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="quick 24, full 64")
     p.add_argument("--tasks", default=None, help="comma-separated IHEval tasks")
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="skip samples with longer prompts (quick 400: the long Tensor Trust attacks dominate "
-                   "CPU time; full 768)")
+                   "CPU time; full 2048: every sample)")
+    p.add_argument("--engine", choices=("hf", "vllm"), default=None,
+                   help="engine that generates the answers of the no-correction and always-regenerate arms "
+                   "(quick hf; full vllm, bf16 as `llmkit serve --engine vllm` serves; the guard, its captures and "
+                   "the latent arm always run on the transformers model)")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="only generate the K-th of N slices of the answers into --responses-cache, then exit "
+                   "(run N of these side by side, one per core, then the whole bench reads the cache)")
     p.add_argument("--components", type=int, default=16)
     p.add_argument("--target-fpr", type=float, default=0.1)
     p.add_argument("--alpha", type=float, default=0.5, help="latent rectification: fraction of the drift removed")
@@ -97,34 +105,123 @@ def parse_args(argv=None):
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples per interval")
     p.add_argument("--responses-cache", default=None,
                    help="JSON file: reuse the texts stored there for the same configuration (per arm), else "
-                   "generate and store them (resume a run cut by its time slot)")
-    return p.parse_args(argv)
+                   "generate and store them (saved every few dozen answers and merged under a file lock, so a "
+                   "run cut by its time slot resumes and --shard runs can share one file)")
+    p.add_argument("--captures-dir", default=None,
+                   help="folder for the hidden-state captures of the answers (chunk files, GBs for a full run): read "
+                   "back on a rerun with the same answers; with --shard, the shards capture their chunks there "
+                   "once every shard has generated")
+    args = p.parse_args(argv)
+    if args.shard is not None:
+        try:
+            k, n = (int(x) for x in args.shard.split("/"))
+            if not 0 <= k < n:
+                raise ValueError
+        except ValueError:
+            p.error(f"--shard takes K/N with 0 <= K < N, got {args.shard!r}")
+        if not args.responses_cache:
+            p.error("--shard needs --responses-cache (the file the shards fill)")
+        args.shard = (k, n)
+    return args
 
 
 class TextCache:
-    """Generated values per arm and prompt, keyed by the configuration (resumable runs; new prompts only)."""
+    """Generated values per arm and prompt, keyed by the configuration (resumable runs; new prompts only).
 
-    def __init__(self, path, key: dict):
-        self.path, self.key = (Path(path) if path else None), key
-        self.data: dict[str, dict[str, object]] = {}
-        if self.path and self.path.is_file():
+    Values are saved every ``chunk`` prompts, merged with what the file holds under an exclusive lock,
+    so several processes (``--shard``) can fill one file and a run cut short keeps what it made.
+    """
+
+    def __init__(self, path, key: dict, chunk: int = 48):
+        self.path, self.key, self.chunk = (Path(path) if path else None), key, chunk
+        self.data: dict[str, dict[str, object]] = self._read()
+
+    def _read(self) -> dict:
+        if self.path and self.path.is_file() and self.path.stat().st_size:
             stored = json.loads(self.path.read_text())
-            if stored.get("key") == key and stored.get("version") == 2:
-                self.data = stored.get("arms", {})
+            if stored.get("key") == self.key and stored.get("version") == 2:
+                return stored.get("arms", {})
+        return {}
+
+    def _save(self):
+        import fcntl
+        import os
+
+        with open(f"{self.path}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            for arm, values in self._read().items():  # what other processes stored meanwhile
+                for h, v in values.items():
+                    self.data.setdefault(arm, {}).setdefault(h, v)
+            tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"key": self.key, "version": 2, "arms": self.data}) + "\n")
+            os.replace(tmp, self.path)
 
     def get(self, arm: str, prompts: list[str], make):
         """Values for ``prompts``; ``make(missing_prompts)`` produces those not stored yet."""
         store = self.data.setdefault(arm, {})
         hs = [hashlib.sha256(p.encode()).hexdigest() for p in prompts]
-        missing = sorted({h: p for h, p in zip(hs, prompts) if h not in store}.items())
-        if missing:
-            for (h, _), v in zip(missing, make([p for _, p in missing])):
-                store[h] = v
-            if self.path:
-                self.path.write_text(json.dumps({"key": self.key, "version": 2, "arms": self.data}) + "\n")
+        missing = sorted({h: p for h, p in zip(hs, prompts) if h not in store}.items(), key=lambda hp: len(hp[1]))
         if len(missing) < len(prompts):
             print(f"# {arm}: {len(prompts) - len(missing)} of {len(prompts)} read from {self.path}", flush=True)
+        step = self.chunk if self.path else max(1, len(missing))
+        for start in range(0, len(missing), step):
+            part = missing[start : start + step]
+            for (h, _), v in zip(part, make([p for _, p in part])):
+                store[h] = v
+            if self.path:
+                self._save()
+                print(f"# {arm}: {min(start + step, len(missing))} of {len(missing)} new answers stored", flush=True)
         return [store[h] for h in hs]
+
+
+def capture_chunked(model, tok, convs, all_layers, keep_layers, *, max_length, chunk=128, out_dir=None,
+                    shard=None, progress=True):
+    """Every layer's response centroid and the guard layers' whole captures, a chunk of answers at a time.
+
+    Every layer's states of thousands of answers do not fit in memory, and the capture is the longest
+    step: chunks (answers in length order) are saved to ``out_dir`` when given and read back on a rerun
+    with the same answers; ``shard=(k, n)`` captures only chunks k, k+n, ... (one process per core).
+    Returns ``(centroids: layer -> (n, d) array, captures)``; rows of chunks left to other shards are NaN / None.
+    """
+    import numpy as np
+    import torch
+
+    from llmkit.serving.guard import Capture, capture
+
+    order = sorted(range(len(convs)), key=lambda i: (sum(len(m["content"]) for m in convs[i]), i))
+    chunks = [order[s : s + chunk] for s in range(0, len(order), chunk)]
+    d = model.config.hidden_size
+    centroids = {l: np.full((len(convs), d), np.nan, dtype=np.float32) for l in all_layers}
+    caps = [None] * len(convs)
+    out = Path(out_dir) if out_dir else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    t0, done = time.time(), 0
+    mine = [c for c in range(len(chunks)) if shard is None or c % shard[1] == shard[0]]
+    for n_done, c in enumerate(mine):
+        idx = chunks[c]
+        key = hashlib.sha256(json.dumps([[convs[i] for i in idx], list(all_layers), list(keep_layers), max_length],
+                                        sort_keys=True).encode()).hexdigest()
+        path = out / f"chunk{c:04d}.pt" if out else None
+        stored = torch.load(path, weights_only=False) if path and path.is_file() else None
+        if stored is None or stored.get("key") != key:
+            part = capture(model, tok, [convs[i] for i in idx], list(all_layers), with_logprobs=True, batch_size=8,
+                           max_length=max_length)
+            stored = {"key": key,
+                      "centroids": {l: torch.stack([p.states[l].mean(0) for p in part]) for l in all_layers},
+                      "caps": [Capture(states={l: p.states[l] for l in keep_layers}, token_logprobs=p.token_logprobs,
+                                       token_entropies=p.token_entropies, n_tokens=p.n_tokens) for p in part]}
+            if path:
+                torch.save(stored, path)
+            done += len(idx)
+        for r, i in enumerate(idx):
+            for l in all_layers:
+                centroids[l][i] = stored["centroids"][l][r].numpy()
+            caps[i] = stored["caps"][r]
+        if progress:
+            print(f"# capture chunk {n_done + 1}/{len(mine)} ({done} answers captured, "
+                  f"{time.time() - t0:.0f} s)", flush=True)
+    return centroids, caps
 
 
 def generate_sorted(engine, prompts, params, progress=True):
@@ -153,38 +250,48 @@ def _geo_mean(xs):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import numpy as np
     import torch
 
     from llmkit.engines.hf import HFEngine
     from llmkit.evals import iheval
     from llmkit.generation import GenerationParams
     from llmkit.models import DEFAULT_MODEL, load
-    from llmkit.serving.guard import Capture, Guard, Manifold, capture, default_layers
+    from llmkit.serving.guard import Guard, Manifold, capture, default_layers
     from llmkit.serving.guard import baselines as B
     from llmkit.serving.guard import evaluation as E
     from llmkit.serving.guard import injection as I
     from llmkit.serving.guard import score as S
     from llmkit.serving.guard.correct import reasserted
-    from llmkit.serving.guard.rectify import generate_rectified
+    from llmkit.serving.guard.rectify import generate_rectified, rectify_from_captures
 
     torch.manual_seed(0)
     threads = args.threads or 1
     torch.set_num_threads(threads)
-    limit = args.limit or (10 if args.quick else 40)
+    limit = args.limit or (10 if args.quick else None)
     n_gsm = args.gsm8k_questions or (64 if args.quick else 160)
     max_new = args.max_new_tokens or (24 if args.quick else 64)
     tasks = args.tasks.split(",") if args.tasks else TASKS
     n_lat = args.latency_requests or (4 if args.quick else 8)
-    max_prompt = args.max_prompt_tokens or (400 if args.quick else 768)
+    max_prompt = args.max_prompt_tokens or (400 if args.quick else 2048)
+    cap_len = max(1024, max_prompt + max_new)  # the capture keeps whole prompts
+    engine_kind = args.engine or ("hf" if args.quick else "vllm")
     t_start = time.time()
 
     def stamp(what):
         print(f"# {what} at {time.time() - t_start:.0f} s", flush=True)
 
     model, tok = load(DEFAULT_MODEL)
-    engine = HFEngine(model, tok, batch_size=8)
+    engine = HFEngine(model, tok, batch_size=8)  # prompts, the guard's checks and the serving-path timings
     params = GenerationParams(max_new_tokens=max_new, temperature=0.0)
+    gen_engine = [engine] if engine_kind == "hf" else []
+
+    def generate_answers(ps):
+        if not gen_engine:  # started only when some answer is not in the cache yet
+            from llmkit.engines.vllm import VLLMEngine
+
+            gen_engine.append(VLLMEngine(DEFAULT_MODEL, dtype="bfloat16", max_model_len=max(2048, max_prompt + max_new),
+                                         enforce_eager=True))
+        return generate_sorted(gen_engine[0], ps, params, progress=engine_kind == "hf")
 
     # ---- items: IHEval and the GSM8K secret-word set, one list --------------------------------
     items = []
@@ -208,9 +315,29 @@ def main(argv=None) -> int:
     # ---- 1. responses and grades --------------------------------------------------------------
     cache = TextCache(args.responses_cache, {"model": DEFAULT_MODEL, "max_new_tokens": max_new,
                                              "alpha": args.alpha, "min_tokens": args.min_tokens,
-                                             "components": args.components, "target_fpr": args.target_fpr})
+                                             "components": args.components, "target_fpr": args.target_fpr,
+                                             **({"engine": engine_kind} if engine_kind != "hf" else {})},
+                      chunk=48 if engine_kind == "hf" else 256)
     prompts = [it["prompt"] for it in items]
-    texts = cache.get("base", prompts, lambda ps: generate_sorted(engine, ps, params))
+    # the always-regenerate arm's prompts (IHEval test items, instruction re-asserted) do not depend on any answer
+    regen_items = [i for i, it in enumerate(items) if it["part"] == "test" and it["dataset"] == "iheval"]
+    regen_prompts = [engine.chat_prompt(reasserted(items[i]["messages"], tok)) for i in regen_items]
+    if args.shard:
+        k, n = args.shard
+        mine = sorted(set(prompts), key=len)[k::n]
+        cache.get("base", mine, generate_answers)
+        cache.get("always_regenerate", sorted(set(regen_prompts), key=len)[k::n], generate_answers)
+        stamp(f"shard {k}/{n} generated into {args.responses_cache}")
+        if not args.captures_dir:
+            return 0
+
+        def missing(ps):
+            raise SystemExit(f"{len(ps)} answers are not in {args.responses_cache} yet: let every --shard finish "
+                             "generating before the shards capture")
+
+        texts = TextCache(args.responses_cache, cache.key).get("base", prompts, missing)
+    else:
+        texts = cache.get("base", prompts, generate_answers)
     stamp("responses ready")
 
     def grade(it, text) -> dict:
@@ -228,11 +355,11 @@ def main(argv=None) -> int:
     n_layers = model.config.num_hidden_layers
     layers = default_layers(n_layers)
     convs = [[*it["messages"], {"role": "assistant", "content": t}] for it, t in zip(items, texts)]
-    full = capture(model, tok, convs, list(range(1, n_layers + 1)), with_logprobs=True, batch_size=8, progress=True)
-    centroids = {l: np.stack([c.states[l].mean(0).numpy() for c in full]) for l in range(1, n_layers + 1)}
-    caps = [Capture(states={l: c.states[l] for l in layers}, token_logprobs=c.token_logprobs,
-                    token_entropies=c.token_entropies, n_tokens=c.n_tokens) for c in full]
-    del full
+    centroids, caps = capture_chunked(model, tok, convs, range(1, n_layers + 1), layers, max_length=cap_len,
+                                      out_dir=args.captures_dir, shard=args.shard)
+    if args.shard:
+        stamp(f"shard {args.shard[0]}/{args.shard[1]} captured into {args.captures_dir}")
+        return 0
     stamp("states captured")
 
     # ---- 3. the asymmetry, per layer -----------------------------------------------------------
@@ -324,30 +451,48 @@ def main(argv=None) -> int:
 
     # ---- 5. corrections on the IHEval test answers --------------------------------------------
     arm_idx = ih_test_all
+    assert arm_idx == regen_items
     arm_msgs = [items[i]["messages"] for i in arm_idx]
-    regen_prompts = [engine.chat_prompt(reasserted(m, tok)) for m in arm_msgs]
-    regen = cache.get("always_regenerate", regen_prompts, lambda ps: generate_sorted(engine, ps, params))
-    regen_caps = capture(model, tok, [[*m, {"role": "assistant", "content": t}] for m, t in zip(arm_msgs, regen)],
-                         layers, batch_size=8)
-    regen_scores = guard.score_captures(regen_caps).tolist()
+    regen = cache.get("always_regenerate", regen_prompts, generate_answers)
     flagged = [ds_scores[i] > guard.threshold for i in arm_idx]
-    reprompt = [r if (f and rs < ds_scores[i]) else texts[i]
-                for i, f, r, rs in zip(arm_idx, flagged, regen, regen_scores)]
+    # the re-prompt arm keeps a regenerated answer only when its own chaos score is lower: only flagged rows need it
+    fl = [j for j, f in enumerate(flagged) if f]
+    fl_caps = capture(model, tok, [[*arm_msgs[j], {"role": "assistant", "content": regen[j]}] for j in fl], layers,
+                      batch_size=8, max_length=cap_len)
+    regen_scores = dict(zip(fl, guard.score_captures(fl_caps).tolist())) if fl else {}
+    reprompt = [regen[j] if (flagged[j] and regen_scores[j] < ds_scores[i]) else texts[i]
+                for j, i in enumerate(arm_idx)]
 
-    by_prompt = {items[i]["prompt"]: items[i]["messages"] for i in arm_idx}
+    by_prompt = {items[i]["prompt"]: i for i in arm_idx}
 
-    def make_latent(ps):
-        outs = generate_rectified(model, tok, guard, [by_prompt[p] for p in ps], params, alpha=args.alpha,
-                                  min_tokens=args.min_tokens, batch_size=8, progress=True)
-        return [{"text": o.text, "triggered_at": o.triggered_at} for o in outs]
-
-    latent_raw = cache.get(f"latent/{default}/{guard.threshold:.6g}", [items[i]["prompt"] for i in arm_idx],
-                           make_latent)
-    latent = [o["text"] if o["triggered_at"] is not None else texts[i] for i, o in zip(arm_idx, latent_raw)]
-    untriggered_differ = sum(1 for i, o in zip(arm_idx, latent_raw)
+    if engine_kind == "hf":  # the answers are this model's own greedy generations: watch them being generated
+        def make_latent(ps):
+            outs = generate_rectified(model, tok, guard, [items[by_prompt[p]]["messages"] for p in ps], params,
+                                      alpha=args.alpha, min_tokens=args.min_tokens, batch_size=8, progress=True)
+            return [{"text": o.text, "triggered_at": o.triggered_at} for o in outs]
+        latent_arms = {"latent": make_latent}
+    else:  # served by vLLM: find the trigger on the served answer's states and continue it with the transformers
+        # model; the same continuation without the shift (alpha 0) separates the steering from the engine switch
+        def replay(alpha):
+            def make(ps):
+                idx = [by_prompt[p] for p in ps]
+                outs = rectify_from_captures(model, tok, guard, [items[i]["messages"] for i in idx],
+                                             [texts[i] for i in idx], [caps[i] for i in idx], params, alpha=alpha,
+                                             min_tokens=args.min_tokens, batch_size=8, progress=True)
+                return [{"text": o.text, "triggered_at": o.triggered_at} for o in outs]
+            return make
+        latent_arms = {"latent": replay(args.alpha), "latent_unsteered": replay(0.0)}
+    latent_raw = {name: cache.get(f"{name}/{default}/{guard.threshold:.6g}/{engine_kind}",
+                                  [items[i]["prompt"] for i in arm_idx], make)
+                  for name, make in latent_arms.items()}
+    latent_text = {name: [o["text"] if o["triggered_at"] is not None else texts[i] for i, o in zip(arm_idx, raw)]
+                   for name, raw in latent_raw.items()}
+    untriggered_differ = sum(1 for i, o in zip(arm_idx, latent_raw["latent"])
                              if o["triggered_at"] is None and o["text"] != texts[i])
     arms = {"no_guard": [texts[i] for i in arm_idx], "guard_correct": reprompt, "always_regenerate": regen,
-            "latent_correct": latent}
+            "latent_correct": latent_text["latent"]}
+    if "latent_unsteered" in latent_text:
+        arms["latent_unsteered_continuation"] = latent_text["latent_unsteered"]
     arm_rows = {}
     for arm, ts in arms.items():
         rows = []
@@ -411,7 +556,7 @@ def main(argv=None) -> int:
         "val_violations": n_lab(val, 1), "val_compliant": n_lab(val, 0),
         "test_violations": n_lab(test, 1), "test_compliant": n_lab(test, 0),
         "iheval_test_answers": len(arm_idx), "test_flagged": sum(flagged),
-        "latent_triggered": sum(1 for o in latent_raw if o["triggered_at"] is not None),
+        "latent_triggered": sum(1 for o in latent_raw["latent"] if o["triggered_at"] is not None),
         "latent_untriggered_text_differs": untriggered_differ,
         "regenerated_answers": len(regen), "latency_requests": len(lat_idx),
     }
