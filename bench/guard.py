@@ -38,8 +38,14 @@ What it measures, all in one run on the same responses:
    layers' states toward the compliant mean and generation continues:
    `iheval_latent_correct`; llmkit.serving.guard.rectify). The re-prompt arm reuses the
    always-regenerate arm's texts for its flagged answers (same prompt, same greedy decoding).
-   A latent-arm answer the guard never fired on is the plain greedy answer: the no-correction
-   text is kept for it (the run counts how many of those differ by batch numerics).
+   With `--engine hf` the latent arm watches the transformers model generate (a latent-arm
+   answer the guard never fired on is the plain greedy answer: the no-correction text is kept
+   for it, and the run counts how many of those differ by batch numerics). With `--engine
+   vllm` (the full run) the answers are vLLM's and the latent arm replays them
+   (rectify_from_captures: the trigger is found on the served answer's captured states, an
+   answer never flagged stays as served, a flagged one keeps its first t tokens and the
+   transformers model continues with the shift); the same continuation with alpha 0
+   (`iheval_latent_unsteered_continuation`) separates the steering from the engine switch.
    IHEval benchmark averaging per arm, with bootstrap intervals over answers and paired
    intervals of each arm's difference to no correction.
 6. Overhead, on the serving path (unchanged from the first pass). The fitted guard is saved
@@ -49,13 +55,17 @@ What it measures, all in one run on the same responses:
    the guard's whole pass vs its prompt part and response part (`latency_ratio_prompt_hidden_est`).
 
 Sizes. `--quick`: 10 IHEval items per variant file (prompts <= 400 tokens), 64 GSM8K
-questions (128 answers), 24 new tokens, 4 latency requests. Full: 40 items per file (prompts <=
-768 tokens), 160 GSM8K questions, 64 new tokens, 8 latency requests. "Every IHEval sample"
-(the issue's full run) is thousands of generations per arm: hours on this shared 2-core CPU,
-so neither size is that. `--responses-cache` keeps every generated text (per arm), so a run
-cut by its time slot resumes without regenerating.
+questions (128 answers), 24 new tokens, 4 latency requests, answers from the transformers
+engine. Full: every IHEval safety and rule-following sample (4,532 answers, prompts up to
+1,663 tokens, none skipped), 160 GSM8K questions (320 answers), 64 new tokens, 8 latency
+requests, answers from vLLM (bf16, as `llmkit serve --engine vllm` serves them). The full
+run is split so both cores work: N `--shard K/N` processes generate into one responses
+cache, then capture their chunks into `--captures-dir`, then one process does the rest:
 
     .venv/bin/python bench/guard.py --quick
+    for k in 0 1; do .venv/bin/python bench/guard.py --shard $k/2 --responses-cache R.json & done; wait
+    for k in 0 1; do .venv/bin/python bench/guard.py --shard $k/2 --responses-cache R.json --captures-dir C & done; wait
+    .venv/bin/python bench/guard.py --responses-cache R.json --captures-dir C
 """
 
 from __future__ import annotations
