@@ -334,18 +334,22 @@ def main(argv=None) -> int:
     regen_prompts = [engine.chat_prompt(reasserted(items[i]["messages"], tok)) for i in regen_items]
     if args.shard:
         k, n = args.shard
-        mine = sorted(set(prompts), key=len)[k::n]
-        cache.get("base", mine, generate_answers)
-        cache.get("always_regenerate", sorted(set(regen_prompts), key=len)[k::n], generate_answers)
+        def slice_of(ps):  # the same slices in every process (a set's order is not)
+            return sorted(set(ps), key=lambda p: (len(p), p))[k::n]
+
+        cache.get("base", slice_of(prompts), generate_answers)
+        cache.get("always_regenerate", slice_of(regen_prompts), generate_answers)
         stamp(f"shard {k}/{n} generated into {args.responses_cache}")
         if not args.captures_dir:
             return 0
-
-        def missing(ps):
-            raise SystemExit(f"{len(ps)} answers are not in {args.responses_cache} yet: let every --shard finish "
-                             "generating before the shards capture")
-
-        texts = TextCache(args.responses_cache, cache.key).get("base", prompts, missing)
+        while True:  # the capture needs every answer: wait for the other shards
+            stored = TextCache(args.responses_cache, cache.key).data.get("base", {})
+            left = sum(1 for p in set(prompts) if hashlib.sha256(p.encode()).hexdigest() not in stored)
+            if not left:
+                break
+            print(f"# waiting for the other shards: {left} answers not generated yet", flush=True)
+            time.sleep(30)
+        texts = TextCache(args.responses_cache, cache.key).get("base", prompts, generate_answers)
     else:
         texts = cache.get("base", prompts, generate_answers)
     stamp("responses ready")
