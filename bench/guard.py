@@ -224,10 +224,18 @@ def capture_chunked(model, tok, convs, all_layers, keep_layers, *, max_length, c
             if path:
                 torch.save(stored, path)
             done += len(idx)
+        if shard is not None:  # a shard only writes its chunks: the process that reads them all keeps them
+            del stored
+            continue
         for r, i in enumerate(idx):
             for l in all_layers:
                 centroids[l][i] = stored["centroids"][l][r].numpy()
-            caps[i] = stored["caps"][r]
+            c = stored["caps"][r]  # compact copies: a chunk file may hold views of whole batch tensors
+            caps[i] = Capture(states={l: v.clone() for l, v in c.states.items()},
+                              token_logprobs=None if c.token_logprobs is None else c.token_logprobs.clone(),
+                              token_entropies=None if c.token_entropies is None else c.token_entropies.clone(),
+                              n_tokens=c.n_tokens)
+        del stored
         if progress:
             print(f"# capture chunk {n_done + 1}/{len(mine)} ({done} answers captured, "
                   f"{time.time() - t0:.0f} s)", flush=True)

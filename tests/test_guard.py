@@ -94,6 +94,14 @@ def test_capture_takes_response_positions_and_is_batch_invariant(tiny_model, tin
     torch.testing.assert_close(batched[1].token_logprobs, logp, atol=1e-4, rtol=1e-4)
 
 
+def test_captures_own_their_memory(tiny_model, tiny_tokenizer):
+    # a capture kept for later (a benchmark keeps thousands) must not hold its batch's whole hidden states
+    convs = [conv("hi", "oui"), conv("a much longer question here", "bonjour merci beaucoup")]
+    for c in capture(tiny_model, tiny_tokenizer, convs, [1, 2], batch_size=2):
+        for states in c.states.values():
+            assert states.untyped_storage().nbytes() == states.numel() * states.element_size()
+
+
 def test_capture_rejects_bad_input(tiny_model, tiny_tokenizer):
     with pytest.raises(ValueError, match="assistant"):
         split_conversation([{"role": "user", "content": "x"}])

@@ -183,7 +183,8 @@ def capture(model, tokenizer, conversations: list[list[dict]], layers: list[int]
             for r, i in enumerate(idx):
                 p_len, r_len = len(encoded[i][0]), len(encoded[i][1])
                 lo, hi = (p_len, p_len + r_len) if r_len else (p_len - 1, p_len)
-                states = {l: hs[l][r, lo:hi].float().cpu() for l in layers}
+                # copies: a view would keep the whole batch's hidden states alive as long as the capture
+                states = {l: hs[l][r, lo:hi].to("cpu", torch.float32, copy=True) for l in layers}
                 cap = Capture(states=states, n_tokens=r_len)
                 if with_logprobs and r_len:
                     # position t predicts token t+1: response tokens are predicted from p_len-1 .. end-1
