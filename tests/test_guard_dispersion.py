@@ -23,6 +23,12 @@ def test_knn_entropy_of_uniform_cube():
     assert D.knn_entropy(x) == pytest.approx(math.log(9), abs=0.1)
 
 
+def test_knn_spread_measures_a_repeated_row_once():
+    x = np.random.default_rng(1).normal(size=(40, 3))
+    with_repeats = np.concatenate([x, x[:5]])
+    assert D.entropy_per_dim(with_repeats, "knn") == pytest.approx(D.entropy_per_dim(x, "knn"))
+
+
 def test_knn_entropy_refuses_repeated_rows_and_bad_k():
     x = np.zeros((10, 3))
     with pytest.raises(ValueError, match="repeated rows"):

@@ -107,7 +107,9 @@ def entropy_per_dim(x, estimator: str) -> float:
     if estimator == "trace":
         return 0.5 * (math.log(2 * math.pi) + 1) + 0.5 * math.log(max(trace_per_dim(a), 1e-300))
     if estimator == "knn":
-        return knn_entropy(a) / d
+        # a repeated row (the same prompt answered the same way twice in a dataset) leaves the k-NN estimate
+        # undefined; it adds no spread, so it is measured once
+        return knn_entropy(np.unique(a, axis=0)) / d
     raise ValueError(f"unknown dispersion estimator '{estimator}': choose from {', '.join(ESTIMATORS)}")
 
 
