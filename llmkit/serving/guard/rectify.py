@@ -103,14 +103,17 @@ class _Monitor:
                           n_tokens=t)
             score = float(self.guard.layer_z([cap])[0].mean())
             if score > self.threshold:
-                self.triggered[r], self.trigger_score[r] = t, score
-                for l in self.shift:
-                    mu = self.guard.manifolds[l].mean.double()
-                    delta = self.alpha * (mu - cap.states[l].double().mean(0))
-                    if self.shift[l] is None:
-                        self.shift[l] = torch.zeros(self.batch, mu.numel(), dtype=torch.float64)
-                    self.shift[l][r] = delta
+                self.fire(r, t, score, cap.states)
         return scores
+
+    def fire(self, r: int, t: int, score: float, states: dict[int, torch.Tensor]):
+        """Mark row ``r`` rectified after ``t`` tokens; its shift removes ``alpha`` of the drift of ``states[l][:t]``."""
+        self.triggered[r], self.trigger_score[r] = t, score
+        for l in self.shift:
+            mu = self.guard.manifolds[l].mean.double()
+            if self.shift[l] is None:
+                self.shift[l] = torch.zeros(self.batch, mu.numel(), dtype=torch.float64)
+            self.shift[l][r] = self.alpha * (mu - states[l][:t].double().mean(0))
 
 
 @torch.inference_mode()
@@ -251,14 +254,8 @@ def rectify_from_captures(model, tokenizer, guard, prompts_messages: list[list[d
             mask[r, width - len(s) :] = 1
         mon = _Monitor(model, guard, width, len(chunk), eos, threshold=float("inf"), alpha=alpha,
                        min_tokens=1, check_every=1, steer_layers=steer if alpha > 0 else [])
-        for r, (_, _, kept, t, score) in enumerate(chunk):
-            mon.triggered[r], mon.trigger_score[r] = t, score
-            cap = captures[chunk[r][0]]
-            for l in mon.shift:
-                mu = guard.manifolds[l].mean.double()
-                if mon.shift[l] is None:
-                    mon.shift[l] = torch.zeros(len(chunk), mu.numel(), dtype=torch.float64)
-                mon.shift[l][r] = alpha * (mu - cap.states[l][:t].double().mean(0))
+        for r, (i, _, _, t, score) in enumerate(chunk):
+            mon.fire(r, t, score, captures[i].states)
         try:
             seq = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                                  max_new_tokens=params.max_new_tokens - min(c[3] for c in chunk),
