@@ -166,10 +166,18 @@ class TextCache:
             tmp.write_text(json.dumps({"key": self.key, "version": 2, "arms": self.data}) + "\n")
             os.replace(tmp, self.path)
 
+    @staticmethod
+    def _hash(prompt: str) -> str:
+        return hashlib.sha256(prompt.encode()).hexdigest()
+
+    def count_missing(self, arm: str, prompts: list[str]) -> int:
+        store = self.data.get(arm, {})
+        return sum(1 for h in {self._hash(p) for p in prompts} if h not in store)
+
     def get(self, arm: str, prompts: list[str], make):
         """Values for ``prompts``; ``make(missing_prompts)`` produces those not stored yet."""
         store = self.data.setdefault(arm, {})
-        hs = [hashlib.sha256(p.encode()).hexdigest() for p in prompts]
+        hs = [self._hash(p) for p in prompts]
         missing = sorted({h: p for h, p in zip(hs, prompts) if h not in store}.items(), key=lambda hp: len(hp[1]))
         if len(missing) < len(prompts):
             print(f"# {arm}: {len(prompts) - len(missing)} of {len(prompts)} read from {self.path}", flush=True)
@@ -230,11 +238,7 @@ def capture_chunked(model, tok, convs, all_layers, keep_layers, *, max_length, c
         for r, i in enumerate(idx):
             for l in all_layers:
                 centroids[l][i] = stored["centroids"][l][r].numpy()
-            c = stored["caps"][r]  # compact copies: a chunk file may hold views of whole batch tensors
-            caps[i] = Capture(states={l: v.clone() for l, v in c.states.items()},
-                              token_logprobs=None if c.token_logprobs is None else c.token_logprobs.clone(),
-                              token_entropies=None if c.token_entropies is None else c.token_entropies.clone(),
-                              n_tokens=c.n_tokens)
+            caps[i] = stored["caps"][r]
         del stored
         if progress:
             print(f"# capture chunk {n_done + 1}/{len(mine)} ({done} answers captured, "
@@ -338,8 +342,8 @@ def main(argv=None) -> int:
                       chunk=48 if engine_kind == "hf" else 256)
     prompts = [it["prompt"] for it in items]
     # the always-regenerate arm's prompts (IHEval test items, instruction re-asserted) do not depend on any answer
-    regen_items = [i for i, it in enumerate(items) if it["part"] == "test" and it["dataset"] == "iheval"]
-    regen_prompts = [engine.chat_prompt(reasserted(items[i]["messages"], tok)) for i in regen_items]
+    ih_test_all = [i for i, it in enumerate(items) if it["part"] == "test" and it["dataset"] == "iheval"]
+    regen_prompts = [engine.chat_prompt(reasserted(items[i]["messages"], tok)) for i in ih_test_all]
     if args.shard:
         k, n = args.shard
         def slice_of(ps):  # the same slices in every process (a set's order is not)
@@ -351,13 +355,13 @@ def main(argv=None) -> int:
         if not args.captures_dir:
             return 0
         while True:  # the capture needs every answer: wait for the other shards
-            stored = TextCache(args.responses_cache, cache.key).data.get("base", {})
-            left = sum(1 for p in set(prompts) if hashlib.sha256(p.encode()).hexdigest() not in stored)
+            cache = TextCache(args.responses_cache, cache.key)
+            left = cache.count_missing("base", prompts)
             if not left:
                 break
             print(f"# waiting for the other shards: {left} answers not generated yet", flush=True)
             time.sleep(30)
-        texts = TextCache(args.responses_cache, cache.key).get("base", prompts, generate_answers)
+        texts = cache.get("base", prompts, generate_answers)
     else:
         texts = cache.get("base", prompts, generate_answers)
     stamp("responses ready")
@@ -466,14 +470,12 @@ def main(argv=None) -> int:
     res["aeo_tpr_at_threshold"] = (sum(1 for i in test if labels[i] == 1 and ds_scores[i] > guard.threshold)
                                    / max(1, sum(y_test)))
     res["aeo_fpr_at_threshold"] = res["realized_fpr"]
-    ih_test_all = [i for i in range(len(items)) if part[i] == "test" and items[i]["dataset"] == "iheval"]
     res["auroc_aeo_setting"] = E.auroc([ds_scores[i] for i in ih_test_all],
                                        [int(items[i]["setting"] == "conflict") for i in ih_test_all])
     stamp("detection done")
 
     # ---- 5. corrections on the IHEval test answers --------------------------------------------
     arm_idx = ih_test_all
-    assert arm_idx == regen_items
     arm_msgs = [items[i]["messages"] for i in arm_idx]
     regen = cache.get("always_regenerate", regen_prompts, generate_answers)
     flagged = [ds_scores[i] > guard.threshold for i in arm_idx]
