@@ -1,6 +1,6 @@
 """InQuant quantize-and-pack / unpack-and-dequantize: PyTorch references and Triton kernels.
 
-Paper: "InQuant" (../shared/seeds/004_ead6308da16bc4ed.txt): a 4-bit packed KV cache in which
+Paper: "InQuant: in-place mixed-precision KV-cache quantization" (NeurIPS 2026): a 4-bit packed KV cache in which
 salient outlier channels keep 8 bits by borrowing the 4-bit slot of a low-saliency neighbour.
 
 Layout (one quantization group = ``G`` consecutive tokens of one (row, kv-head); statistics are

@@ -1,6 +1,6 @@
 """Few-evaluation selection: fixed-confidence best-arm identification and noisy 1-D minimizer localization.
 
-Two seed papers (``../shared/seeds/``), two tools:
+Two NeurIPS 2026 papers, two tools:
 
 **Top-two best-arm identification** (seed: "Top-two algorithms ... fixed-confidence best-arm
 identification ... Bernoulli bandits through beta-EB-TCI, the empirical-best top-two rule of Jourdan

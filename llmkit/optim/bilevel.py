@@ -1,7 +1,7 @@
 """Optimistic bilevel hypergradients: a pseudoinverse Hessian restricted to its range, plus optimistic selection.
 
-Paper: "optimistic bilevel optimization ... HG-MS" (../shared/seeds/000_99acb659bb8537c9.txt, abstract
-only). Problem, with x the upper variable (e.g. data-source weights) and y the lower one (model
+Paper: "optimistic bilevel optimization ... HG-MS" (HG-MS, optimistic bilevel optimization with non-isolated
+lower-level minimizers, NeurIPS 2026). Problem, with x the upper variable (e.g. data-source weights) and y the lower one (model
 parameters, or a subset of them)::
 
     min_x  F(x) = min_{y in S(x)} f(x, y),      S(x) = argmin_y g(x, y)            (optimistic)

@@ -1,6 +1,6 @@
 """LOCU: multi-constraint policy steps by Löwdin orthogonalization under the Fisher-Rao metric.
 
-Paper: "LOCU ..." (seed ``004_ead6308da16bc4ed.txt``): multi-constraint policy optimization in CMDPs, where
+Paper: "LOCU: Löwdin orthogonalization for multi-constraint policy optimization" (NeurIPS 2026): multi-constraint policy optimization in CMDPs, where
 interacting constraint gradients make update directions ill-conditioned. LOCU applies symmetric Löwdin
 orthogonalization to the natural gradients of the reward and the constraints under the Fisher-Rao metric; with
 Fisher-geometric screening and near-collinear compression this gives a small reduced space in which the trust

@@ -1,6 +1,6 @@
 """TC-DRO: target-conditional distributionally robust example weights, with Wasserstein and chi-square baselines.
 
-Paper: "target-conditional distributionally robust optimization" (seed ``000_99acb659bb8537c9.txt``). With
+Paper: "target-conditional distributionally robust optimization" (NeurIPS 2026). With
 imbalanced regression targets, one ambiguity set of one radius puts its adversarial mass on the dense part of
 the data, so rare target ranges stay unprotected. TC-DRO defines the ambiguity set per target region, with
 radii that grow where data are scarce; its dual is a weighted empirical risk with density-adaptive weights.

@@ -1,6 +1,6 @@
 """Intrinsic Muon (iMuon): a norm-constrained LMO step on the tangent space of a matrix manifold, then a retraction.
 
-Paper: "iMuon" (intrinsic Muon), ../shared/seeds/004_ead6308da16bc4ed.txt. Muon's step is the linear
+Paper: "iMuon" (intrinsic Muon: Riemannian norm-constrained matrix optimization), NeurIPS 2026. Muon's step is the linear
 maximization oracle (LMO) of a matrix-norm ball, taken in flat space. On a manifold, restricting that LMO to
 the tangent space breaks quotient symmetries and has no closed form. The paper's fix: a Riemannian metric
 lifts any unitarily invariant norm to an *intrinsic* norm on each tangent space (through a linear isometry

@@ -1,6 +1,6 @@
 """Noiseless inverse optimization: recover a linear objective from demonstrations of optimal choices.
 
-Paper: "noiseless inverse optimization" (seed ``000_99acb659bb8537c9.txt``). A decision maker picks, in each
+Paper: "noiseless inverse optimization" (NeurIPS 2026). A decision maker picks, in each
 demonstration t, the action maximising ``theta* . phi`` among the feasible actions' feature vectors; IO infers
 theta from the (context, action) data. Any estimator consistent with the data generalises: the induced
 action set errs with probability O(d/T) (d unknowns, T demonstrations), a rate that is tight; the paper also

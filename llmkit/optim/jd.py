@@ -1,6 +1,6 @@
 """Jacobian descent (JD): combine the gradients of several objectives into one update without conflict.
 
-Paper: "Jacobian Descent for Multi-Objective Optimization" (Quinton & Rey), ../shared/seeds/004_ead6308da16bc4ed.txt.
+Paper: "Jacobian Descent for Multi-Objective Optimization" (Quinton & Rey), NeurIPS 2026.
 Built on ``torchjd`` (0.18), the authors' library.
 
 Algorithm: for objectives L_1..L_m of the parameters theta, form the Jacobian J (row i = grad L_i) and step

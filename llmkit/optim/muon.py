@@ -1,6 +1,6 @@
 """Muon and MuonLight: momentum orthogonalized by Newton-Schulz, for 2-D weight matrices.
 
-Paper: "Sign-Based Optimizers Are Effective Under Heavy-Tailed Noise", ../shared/seeds/000_99acb659bb8537c9.txt,
+Paper: "Sign-Based Optimizers Are Effective Under Heavy-Tailed Noise" (NeurIPS 2026),
 which extends its SignSGD/Lion analysis to "Muon and Muonlight": Muon is the matrix analogue of a sign
 method (it replaces the singular values of the momentum by 1, as SignSGD replaces coordinates by +-1), so
 its step has a fixed spectral norm whatever the size of the gradient noise.

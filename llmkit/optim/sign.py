@@ -1,7 +1,7 @@
 """Sign-based optimizers (SignSGD / Signum, Lion) and a heavy-tail diagnostic for gradient noise.
 
 Paper: "Sign-Based Optimizers Are Effective Under Heavy-Tailed Noise" (Yu, Tao, Wan, Luo, Zhang),
-../shared/seeds/000_99acb659bb8537c9.txt. The paper gives convergence rates of SignSGD and Lion (and of
+NeurIPS 2026. The paper gives convergence rates of SignSGD and Lion (and of
 Muon / Muonlight, see ``muon.py``) under a generalized heavy-tailed noise condition: the stochastic gradient
 noise may have only a finite p-th moment, p in (1, 2], so its variance can be infinite (as observed in LLM
 training). A sign update has magnitude ``lr`` per coordinate whatever the size of the noise, which is why a

@@ -1,6 +1,6 @@
 """Semismooth Newton (SSN) with lazy generalized-Hessian updates.
 
-Paper: "semismooth Newton ... lazy Hessian updates", ../shared/seeds/000_99acb659bb8537c9.txt: a second-order
+Paper: "semismooth Newton ... lazy Hessian updates" (NeurIPS 2026): a second-order
 method for problems whose gradient is only semismooth (Lipschitz, piecewise smooth: squared hinge, ReLU-type
 penalties, |w|^3 terms, Lipschitz-constrained layers) that has global rates and asymptotic superlinear
 convergence, while evaluating a (generalized) Hessian only every k iterations and reusing the stale one

@@ -1,7 +1,7 @@
 """Rank-one tensor recovery on the Segre manifold: Riemannian gradient descent and Riemannian Gauss-Newton.
 
 Paper: "Recovering a low-CP-rank tensor from noisy linear measurements ... over the Segre manifold"
-(seed ``004_ead6308da16bc4ed.txt``). The rank-one tensors ``X = lam * u_1 o u_2 o ... o u_N`` (unit u_k,
+(NeurIPS 2026). The rank-one tensors ``X = lam * u_1 o u_2 o ... o u_N`` (unit u_k,
 lam != 0) form a smooth manifold; RGD and RGN keep every iterate on it. RGD converges linearly; RGN has a
 quadratic initial phase, then a linear one once it reaches the statistical noise floor.
 

@@ -1,12 +1,12 @@
 """Zeroth-order (ZO) gradient estimators: MeZO's seed trick, LQZO's structured perturbations, RSC-ZO clipping.
 
-Papers (abstracts in ``../shared/seeds/``):
+Papers (NeurIPS 2026):
 
-* **RSC-ZO** ("Robust Scalar-Clipped Zeroth-Order method", 000_99acb659bb8537c9.txt): a two-point
+* **RSC-ZO** ("Robust Scalar-Clipped Zeroth-Order method" for heavy-tailed noise, NeurIPS 2026): a two-point
   estimator that clips each *scalar* directional derivative before aggregation, which keeps
   high-probability convergence when the sample-gradient noise is heavy-tailed (possibly infinite
   variance); a momentum variant is analysed too.
-* **LQZO** ("Low-rank Quantized Zeroth-Order optimizer", 004_ead6308da16bc4ed.txt): perturbations of
+* **LQZO** ("Low-rank Quantized Zeroth-Order optimizer" for quantized LLM finetuning, NeurIPS 2026): perturbations of
   each (scale) matrix are low-rank ``U V^T`` with Rademacher ("binary-aggregated Gaussian") factors,
   and matrices are regrouped into a more isotropic shape before factorization.
 * Anchors: MeZO (in-place perturbation regenerated from a seed, projected gradient

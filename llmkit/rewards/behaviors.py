@@ -3,7 +3,7 @@
 Each scorer is a plain callable ``f(prompts=, completions=, **dataset_columns) -> list[float]`` (TRL's
 reward-function contract; completions may be strings or chat messages) returning a score in [0, 1], and
 each behaviour also has a ``rate`` (did the completion show the behaviour, 0/1) used to report a
-behaviour rate before/after training. The paper (VSPO, ../shared/seeds/000_99acb659bb8537c9.txt) grades
+behaviour rate before/after training. The paper (VSPO, "Vector-Steered Policy Optimization", NeurIPS 2026) grades
 behaviours with judges; these are transparent rule-based proxies so runs are cheap, offline and
 reproducible. What each one measures:
 

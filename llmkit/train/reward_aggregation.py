@@ -4,7 +4,7 @@ GRPO sums the weighted rewards before it normalises them, so one reward can buy 
 and the update never sees it. ``reward_aggregation: upgrad`` keeps the rewards apart instead: reward k's
 group-normalised advantages (times its weight) give its own clipped-surrogate loss L_k, all K computed from one
 forward pass (the per-token log-probabilities are computed once and reused), and Jacobian descent with UPGrad
-(``llmkit.optim.jd`` over torchjd; paper: "Jacobian descent", ../shared/seeds/004_ead6308da16bc4ed.txt) turns
+(``llmkit.optim.jd`` over torchjd; paper: "Jacobian Descent for Multi-Objective Optimization", NeurIPS 2026) turns
 grad L_1..grad L_K into one direction with a non-negative inner product with every -grad L_k: to first order no
 reward is traded away for another. Per-reward losses and UPGrad's weights are logged as ``jd/loss/<reward>`` and
 ``jd/weight/<reward>``; whatever the aggregation, every step also logs whether the rewards spread within the groups

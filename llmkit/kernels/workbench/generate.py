@@ -1,6 +1,6 @@
 """The Hawkeye generation loop: ask a model for Triton kernels, verify each, feed failures back.
 
-Paper: "Hawkeye: Hardware-Aware Kernel Optimization" (../shared/seeds/004_ead6308da16bc4ed.txt).
+Paper: "Hawkeye: Hardware-Aware Kernel Optimization" (NeurIPS 2026).
 A coding model writes fast kernels when grounded in what the architecture offers: the prompt
 carries the reference, the architecture's strategy taxonomy and the matching strategy tests (with
 their expert kernels) as worked examples; test-time compute is scaled by sampling several

@@ -1,7 +1,7 @@
 """AEO: a hidden-state guard against instruction injection.
 
-Paper: "Asymmetric Entropic Optimization" (../shared/seeds/000_99acb659bb8537c9.txt,
-NeurIPS 2026 abstract). Observation ("Asymmetric Logic"): when a model complies
+Paper: "Asymmetric Entropic Optimization" (AEO, against prompt-based
+instruction injection, NeurIPS 2026). Observation ("Asymmetric Logic"): when a model complies
 with its system prompt, the hidden states of its responses concentrate in a
 low-variability region; when an injection wins, they scatter in diverse
 directions. An entropic divergence between the compliant manifold and a

@@ -1,6 +1,6 @@
 """How spread out a set of hidden states is: the measurement behind AEO's "Asymmetric Logic".
 
-AEO (../shared/seeds/000_99acb659bb8537c9.txt) rests on one observation: responses
+AEO ("Asymmetric Entropic Optimization" against instruction injection, NeurIPS 2026) rests on one observation: responses
 that comply with the system prompt concentrate in a low-variability region of latent
 space, while responses where an injection won scatter in diverse directions. This
 module measures that directly, per layer, on one vector per response (the mean of its

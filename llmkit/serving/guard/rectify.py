@@ -1,6 +1,6 @@
 """Latent rectification: watch the chaos score while generating, and steer back when it crosses the threshold.
 
-AEO (../shared/seeds/000_99acb659bb8537c9.txt) gates "a lightweight post-hoc correction
+AEO ("Asymmetric Entropic Optimization", NeurIPS 2026) gates "a lightweight post-hoc correction
 module" with the chaos score and reports it lifts IHEval instruction following without
 finetuning; the abstract does not describe the module. This is the in-latent-space
 version: no second prompt, no second generation.

@@ -1,6 +1,6 @@
 """Quantized KV caches for transformers ``generate``: InQuant and its baselines.
 
-``InQuantCache(model.config)`` (InQuant, ../shared/seeds/004_ead6308da16bc4ed.txt), ``KIVICache``
+``InQuantCache(model.config)`` (InQuant, in-place mixed-precision KV-cache quantization, NeurIPS 2026), ``KIVICache``
 (uniform 4-bit) and ``OutlierBufferCache`` (dense-and-sparse, KVQuant-style) are transformers
 ``Cache`` objects: pass one as ``past_key_values=`` to ``model.generate``. ``cache_factory(name)``
 gives the serving engine a ``(model) -> Cache`` callable per name (``None`` = transformers' default

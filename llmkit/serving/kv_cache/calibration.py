@@ -1,6 +1,6 @@
 """InQuant calibration: channel saliency and attention-score weights from a short pass over text.
 
-Paper: "InQuant" (../shared/seeds/004_ead6308da16bc4ed.txt) estimates channel saliency by
+Paper: "InQuant: in-place mixed-precision KV-cache quantization" (NeurIPS 2026) estimates channel saliency by
 sampling. The first pass sampled one chunk of each prompt; this module adds the calibrated
 variant: run the model once over a few calibration texts and keep, per layer and kv-head,
 

@@ -1,6 +1,6 @@
 """InQuant's method pieces: sampling-based channel saliency, neighbour-slot donors, descriptors.
 
-Paper: "InQuant: in-place mixed-precision KV-cache quantization" (../shared/seeds/004_ead6308da16bc4ed.txt).
+Paper: "InQuant: in-place mixed-precision KV-cache quantization" (NeurIPS 2026).
 The packed format and the kernels live in ``llmkit.kernels.kv_quant``; this module decides, per
 layer and kv-head, which channels are outliers (8-bit) and whose 4-bit slot each one borrows.
 

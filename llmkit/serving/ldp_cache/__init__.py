@@ -1,6 +1,6 @@
 """LDPCache: a local-differential-privacy cache for multi-query LLM use (client side).
 
-Paper: LDPCache (../shared/seeds/004_ead6308da16bc4ed.txt). An edge user's queries
+Paper: LDPCache ("LDPCache: cache-enhanced LDP for multi-query LLM processing", NeurIPS 2026). An edge user's queries
 go to a cloud LLM only as LDP-perturbed text; a cache of past responses, consulted
 by a scheduler whose hit/miss decision is itself LDP, saves budget on semantically
 correlated consecutive queries. Parts:

@@ -1,6 +1,6 @@
 """A fixed total privacy budget over a stream of queries: the allocation rule and the experiment.
 
-Paper: LDPCache (../shared/seeds/004_ead6308da16bc4ed.txt): per-query LDP "leads to linear
+Paper: LDPCache (cache-enhanced LDP for multi-query LLM processing, NeurIPS 2026): per-query LDP "leads to linear
 growth in privacy budget consumption"; the cache "reduces privacy budget consumption" and so
 "improves response accuracy over baseline methods". The comparison that claim implies: a user
 has a total budget B for a stream of Q queries. Without a cache each query is released at

@@ -1,6 +1,6 @@
 """Eviction policies for the edge cache: LRU (baseline) and LDPCache's multi-factor policy.
 
-Paper: LDPCache (../shared/seeds/004_ead6308da16bc4ed.txt): "a multi-factor cache eviction
+Paper: LDPCache (cache-enhanced LDP for multi-query LLM processing, NeurIPS 2026): "a multi-factor cache eviction
 strategy that balances query diversity, response accuracy, and recency to improve the hit
 ratio". The multi-factor policy keeps the entries with the highest
 

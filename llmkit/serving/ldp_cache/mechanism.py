@@ -1,6 +1,6 @@
 """Query perturbation under epsilon-LDP, and randomized response for the scheduler's bit.
 
-Paper: LDPCache (../shared/seeds/004_ead6308da16bc4ed.txt, "LDPCache: cache-enhanced
+Paper: LDPCache (NeurIPS 2026, "LDPCache: cache-enhanced
 LDP for multi-query LLM processing"). The abstract leaves the perturbation open
 ("existing approaches perturb user queries under LDP"); we use the word-piece
 **exponential mechanism** of SanText (Yue et al., 2021) with a bounded metric, so

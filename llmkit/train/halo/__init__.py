@@ -1,6 +1,6 @@
 """HALO: Homotopy-Augmented Layer Optimization for supervised post-training (SFT and distillation).
 
-Paper: "HALO" in ../shared/seeds/004_ead6308da16bc4ed.txt (abstract only). Layer-wise
+Paper: "HALO", homotopy-based layer-wise supervised post-training (SFT and KD), NeurIPS 2026. Layer-wise
 post-training saves compute but starves early features; HALO adds a homotopy
 parameter t in [0, 1] and monotonically increasing auxiliary functions lambda_l(t)
 so that training deforms continuously from a restricted problem (output layers

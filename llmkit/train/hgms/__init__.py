@@ -1,7 +1,7 @@
 """HG-MS: learn how much to train on each data source, by a pseudoinverse hypergradient (select, then differentiate).
 
-Paper: "optimistic bilevel optimization ... HG-MS" (../shared/seeds/000_99acb659bb8537c9.txt, abstract
-only). Source reweighting as a bilevel problem: the upper variable is the weight vector w on the
+Paper: "optimistic bilevel optimization ... HG-MS" (HG-MS, optimistic bilevel optimization with non-isolated
+lower-level minimizers, NeurIPS 2026). Source reweighting as a bilevel problem: the upper variable is the weight vector w on the
 simplex over K sources, the lower problem is training, theta*(w) in argmin sum_k w_k l_k(theta), and
 the upper objective is the loss on a target set, F(w) = l_target(theta*(w)). Overparameterized training
 has a manifold of minimizers, so theta*(w) is a set; HG-MS takes the optimistic selection (the minimizer

@@ -1,6 +1,6 @@
 """LQZO: Low-rank Quantized Zeroth-Order finetuning of INT4 / INT2 models (with QZO and MeZO baselines).
 
-Paper: "LQZO" in ../shared/seeds/004_ead6308da16bc4ed.txt (abstract only; no public code). Zeroth-order
+Paper: "LQZO", low-rank quantized zeroth-order finetuning of LLMs, NeurIPS 2026 (no public code). Zeroth-order
 (ZO) finetuning needs only forward passes, so a quantized model trains in about its inference memory;
 quantized ZO (QZO: perturb and update only the group-wise quantization scales, integer codes frozen)
 lags full precision, worst at 2 bits. LQZO adds three pieces, each a switch here:

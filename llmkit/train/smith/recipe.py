@@ -1,6 +1,6 @@
 """``llmkit train smith``: SMITH, one policy trained to build tools and to use them, with three reward axes.
 
-Paper: "SMITH: Schema-grounded Multi-task Iterative Tool Honing" (../shared/seeds/004_ead6308da16bc4ed.txt).
+Paper: "SMITH: Schema-grounded Multi-task Iterative Tool Honing" (NeurIPS 2026).
 Tool-creation systems prompt a frozen model, so the writer never learns whether it can invoke what it wrote.
 SMITH trains creation and use in one policy with RL:
 

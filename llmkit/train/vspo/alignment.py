@@ -1,6 +1,6 @@
 """The VSPO paper's alignment condition, measured: does the steering vector make the target behaviour likelier?
 
-Paper: "Vector-Steered Policy Optimization" (VSPO), ../shared/seeds/000_99acb659bb8537c9.txt: VSPO provably beats
+Paper: "Vector-Steered Policy Optimization" (VSPO), NeurIPS 2026: VSPO provably beats
 reward-shaped GRPO "when the steering-induced distributions are sufficiently aligned with the target behavior".
 Before spending a training run, this module checks that on held-out prompts: for each candidate vector (layer,
 contrast) and intensity alpha it generates greedily under ``alpha * v`` and records the behaviour rate, task

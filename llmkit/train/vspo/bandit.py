@@ -1,6 +1,6 @@
 """VSPO's bandit abstraction, simulated: iterations until the policy shows a target behaviour.
 
-Paper: "Vector-Steered Policy Optimization" (VSPO), ../shared/seeds/000_99acb659bb8537c9.txt: "under a bandit
+Paper: "Vector-Steered Policy Optimization" (VSPO), NeurIPS 2026: "under a bandit
 abstraction, VSPO provably achieves better iteration complexity than reward-shaped GRPO when the
 steering-induced distributions are sufficiently aligned with the target behavior".
 

@@ -1,6 +1,6 @@
 """Teacher-trace distillation, the VSPO paper's third baseline (``mode: teacher``).
 
-Paper: "Vector-Steered Policy Optimization" (VSPO), ../shared/seeds/000_99acb659bb8537c9.txt, compares VSPO
+Paper: "Vector-Steered Policy Optimization" (VSPO, NeurIPS 2026) compares VSPO
 with "reward shaping, teacher-trace distillation, and guidance-based baselines". Here the teacher is the
 starting model itself under its steering vector, the same vector and intensity that guidance uses:
 

@@ -1,6 +1,6 @@
 """VSPO: GRPO whose rollouts are sampled under a steering vector at varying intensities.
 
-Paper: "Vector-Steered Policy Optimization" (VSPO), ../shared/seeds/000_99acb659bb8537c9.txt.
+Paper: "Vector-Steered Policy Optimization" (VSPO), NeurIPS 2026.
 
 Algorithm (per training step):
   1. For each prompt, GRPO draws a group of G rollouts. VSPO gives the g-th rollout of every group a
@@ -29,14 +29,14 @@ token, which for GRPO's clipped loss is the same as scaling the per-token loss (
 Reward aggregation (``reward_aggregation``): ``sum`` is GRPO's (weighted rewards summed, then normalised per
 group). ``upgrad`` keeps the rewards apart: reward k's group-normalised advantages (times its weight) give its
 own clipped-surrogate loss L_k, all computed from one forward pass, and Jacobian descent (UPGrad over torchjd,
-``llmkit.optim.jd``; paper: ../shared/seeds/004_ead6308da16bc4ed.txt) combines grad L_1..grad L_K into a
+``llmkit.optim.jd``; paper: "Jacobian Descent for Multi-Objective Optimization", NeurIPS 2026) combines grad L_1..grad L_K into a
 direction that improves no reward at the expense of another to first order. Per-reward losses and UPGrad's
 weights are logged as ``jd/loss/<reward>`` and ``jd/weight/<reward>``. Single process only (the aggregated
 gradient is written outside DDP's reducer); each micro-batch is aggregated on its own.
 
 Constraints (``reward_aggregation: locu``, ``locu_max_words: L``): instead of a length-penalty reward, the
 constraint "mean completion words <= L" is handled by LOCU (``llmkit.optim.constrained.locu_step``; paper:
-../shared/seeds/004_ead6308da16bc4ed.txt). Per micro-batch, from one forward pass: g = -grad of GRPO's loss on
+"LOCU", Löwdin orthogonalization for multi-constraint policy optimization, NeurIPS 2026). Per micro-batch, from one forward pass: g = -grad of GRPO's loss on
 the summed weighted advantages (the reward to increase); c = mean words - L (satisfied where <= 0); b = grad of
 mean_i A_i log pi(y_i), with A_i the leave-one-out word advantage in its group (w_i minus the mean of the other
 rollouts' words), a REINFORCE estimate of grad E[words], so that moving against b shortens completions and
