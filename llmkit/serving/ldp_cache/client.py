@@ -25,7 +25,18 @@ What leaves the device, and what did before (issue 23):
     mechanism (:mod:`.sentence`) releases a public string and no length;
   - the hit/miss pattern (whether a request is sent at all) is the scheduler's
     randomized-response bit, charged per query; the message count is public (dropped
-    assistant turns are not counted; non-assistant messages are sent one for one).
+    assistant turns are not counted; non-assistant messages are sent one for one);
+  - everything else (issue 32): a sent message is ``{"role", "content"}`` and nothing more
+    (``name``, ``tool_calls``, ``tool_call_id`` and any other key stay on the device: they
+    are private text the mechanism never saw), and only the request fields in
+    ``UPSTREAM_PARAMS`` go upstream: the model name and sampling numbers, type-checked so
+    that no text rides in them; ``stop`` strings, tools, response formats, logit biases are
+    refused here (the proxy drops them and says so);
+  - a sentence-level mechanism (one that releases a public candidate, :mod:`.sentence`)
+    releases the whole conversation once: the upstream gets one user message, the
+    candidate nearest to all the perturbed messages together, charged one query epsilon.
+    Released message by message, a system prompt would be replaced by a random question
+    of the bank and charged a second time.
 ``epsilon=`` on :meth:`LDPCache.ask_messages` fixes the query part of a cloud call in
 advance (split evenly over the perturbed messages): the fixed-budget allocation of
 :mod:`.budget` decides it from public facts before each query.
@@ -51,6 +62,11 @@ from .upstream import UpstreamError
 
 PRIVATE_ROLES = ("system", "developer", "user", "tool")
 ASSISTANT_TURNS = ("drop", "perturb")
+# the request fields that may go upstream, and the type each must have: numbers that steer
+# sampling carry no user text; ``model`` is a name the proxy checks against the upstream's list
+SAMPLING_PARAMS = {"max_tokens": int, "max_completion_tokens": int, "seed": int, "temperature": float,
+                   "top_p": float, "presence_penalty": float, "frequency_penalty": float}
+UPSTREAM_PARAMS = ("model", *SAMPLING_PARAMS)
 
 
 @dataclass(frozen=True)
@@ -95,6 +111,31 @@ def _rngs(seed, bit_seed=None) -> tuple[np.random.Generator, np.random.Generator
     return np.random.default_rng(a), np.random.default_rng(b)
 
 
+def check_params(params: dict) -> dict:
+    """``params`` if every field may go upstream (``UPSTREAM_PARAMS``, right types), else ValueError."""
+    for k, v in params.items():
+        if k not in UPSTREAM_PARAMS:
+            raise ValueError(f"request field {k!r} is not sent upstream by the LDP cache (it could carry text "
+                             f"outside the privacy guarantee); allowed: {', '.join(UPSTREAM_PARAMS)}")
+        if k == "model":
+            ok = isinstance(v, str) and bool(v)
+        elif SAMPLING_PARAMS[k] is int:
+            ok = isinstance(v, int) and not isinstance(v, bool)
+        else:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok:
+            want = "a model name" if k == "model" else f"a{'n integer' if SAMPLING_PARAMS[k] is int else ' number'}"
+            raise ValueError(f"request field {k!r} must be {want}, got {v!r}")
+    return params
+
+
+def _whole_query(mechanism) -> bool:
+    """Whether ``mechanism`` releases one public string for a whole query (see module docstring)."""
+    from .sentence import CandidateMechanism
+
+    return isinstance(mechanism, CandidateMechanism)
+
+
 def _private_parts(messages: list[dict], assistant_turns: str = "drop") -> list[int]:
     """Indices of the messages that are sent (perturbed); every other message is dropped."""
     if assistant_turns not in ASSISTANT_TURNS:
@@ -115,7 +156,10 @@ def _private_parts(messages: list[dict], assistant_turns: str = "drop") -> list[
 
 def _perturbed(mechanism, messages: list[dict], idx: list[int], rng,
                epsilon: float | None = None) -> tuple[list[dict], float, str]:
-    """The messages that go upstream: ``idx`` perturbed, in order; everything else dropped."""
+    """The messages that go upstream: ``idx`` perturbed, in order, role and content only."""
+    if _whole_query(mechanism):
+        p = mechanism.perturb("\n".join(_text(messages[i].get("content")) for i in idx), rng, epsilon=epsilon)
+        return [{"role": "user", "content": p.text}], p.epsilon, p.text
     out = []
     eps = 0.0
     texts = []
@@ -123,7 +167,7 @@ def _perturbed(mechanism, messages: list[dict], idx: list[int], rng,
         text = _text(messages[i].get("content"))
         p = (mechanism.perturb(text, rng) if epsilon is None
              else mechanism.perturb(text, rng, epsilon=epsilon / len(idx)))
-        out.append({**messages[i], "content": p.text})
+        out.append({"role": messages[i]["role"], "content": p.text})
         eps += p.epsilon
         texts.append(p.text)
     return out, eps, "\n".join(texts)
@@ -148,29 +192,47 @@ class LDPCache:
 
     @classmethod
     def open(cls, upstream: str | Callable, budget: float, state_dir: str | Path, *,
-             epsilon_per_token: float = 36.0, rr_epsilon: float = 3.0, sim_threshold: float = 0.8,
+             question_bank: list[str] | None = None, query_epsilon: float = 6.0,
+             epsilon_per_token: float | None = None, rr_epsilon: float = 3.0, sim_threshold: float = 0.8,
              gain_threshold: float = 0.1, capacity: int = 256, eviction: str = "multifactor",
              model: str | None = None, api_key: str | None = None, embedder=None, mechanism=None,
              assistant_turns: str = "drop", length_bucket: int | None = None):
-        """Everything persisted under ``state_dir`` (ledger.sqlite, cache.sqlite)."""
+        """Everything persisted under ``state_dir`` (ledger.sqlite, cache.sqlite).
+
+        The mechanism must be chosen, there is no default: ``question_bank`` (public questions)
+        gives the sentence-level mechanism at ``query_epsilon`` per query, ``epsilon_per_token`` the
+        token mechanism (a query of n word pieces costs n times it), or pass ``mechanism``.
+        """
         from .embedder import MiniLMEmbedder
         from .eviction import make_policy
+        from .sentence import CandidateMechanism
         from .upstream import OpenAIUpstream
 
+        chosen = sum(x is not None for x in (question_bank, epsilon_per_token, mechanism))
+        if chosen != 1:
+            raise ValueError("choose exactly one privacy mechanism: question_bank= (sentence-level, "
+                             "query_epsilon per query), epsilon_per_token= (token-level) or mechanism=")
+        if length_bucket is not None and epsilon_per_token is None:
+            raise ValueError("length_bucket applies to the token mechanism (epsilon_per_token=) only")
         state = Path(state_dir)
         state.mkdir(parents=True, exist_ok=True)
+        embedder = embedder or MiniLMEmbedder()
+        if question_bank is not None:
+            mechanism = CandidateMechanism(question_bank, embedder, query_epsilon)
+        elif epsilon_per_token is not None:
+            mechanism = ExponentialTokenMechanism.from_minilm(epsilon_per_token, length_bucket=length_bucket)
         up = OpenAIUpstream(upstream, model=model, api_key=api_key) if isinstance(upstream, str) else upstream
         return cls(up, PrivacyLedger(state / "ledger.sqlite", budget),
                    CacheStore(state / "cache.sqlite", capacity=capacity, policy=make_policy(eviction)),
-                   mechanism or ExponentialTokenMechanism.from_minilm(epsilon_per_token,
-                                                                      length_bucket=length_bucket),
-                   embedder or MiniLMEmbedder(),
+                   mechanism, embedder,
                    LDPScheduler(rr_epsilon, sim_threshold, gain_threshold), assistant_turns=assistant_turns)
 
     def worst_case_epsilon(self, messages: list[dict], epsilon: float | None = None) -> float:
         idx = _private_parts(messages, self.assistant_turns)
-        query = (sum(self.mechanism.query_epsilon(_text(messages[i].get("content"))) for i in idx)
-                 if epsilon is None else epsilon)
+        texts = [_text(messages[i].get("content")) for i in idx]
+        if _whole_query(self.mechanism):
+            texts = ["\n".join(texts)]
+        query = sum(self.mechanism.query_epsilon(t) for t in texts) if epsilon is None else epsilon
         return query + self.scheduler.worst_case_epsilon
 
     def ask(self, query: str, user: str | None = None, seed=None, bit_seed=None, epsilon: float | None = None,
@@ -188,12 +250,13 @@ class LDPCache:
 
     def ask_messages(self, messages: list[dict], user: str | None = None, seed=None, bit_seed=None,
                      params: dict | None = None, epsilon: float | None = None) -> Answer:
-        """Answer a chat; ``params`` (max_tokens, temperature, ...) go to the upstream unchanged.
+        """Answer a chat; ``params`` (``UPSTREAM_PARAMS`` only: model, max_tokens, temperature, ...) go
+        to the upstream unchanged; any other field is refused (ValueError) before anything is charged.
 
         ``epsilon``: what a cloud call may spend on the query (fixed before the call); default:
         the mechanism's own per-query amount.
         """
-        params = dict(params or {})
+        params = check_params(dict(params or {}))
         user = user or self.default_user
         if epsilon is not None and not (epsilon >= 0 and math.isfinite(epsilon)):
             raise ValueError(f"query epsilon must be a finite number >= 0, got {epsilon}")
@@ -247,6 +310,7 @@ class PerQueryLDP:
     def ask(self, query: str, user: str | None = None, seed=None, epsilon: float | None = None,
             **params) -> Answer:
         """``epsilon``: what this query may spend (default: the mechanism's own per-query amount)."""
+        check_params(params)
         user = user or self.default_user
         messages = [{"role": "user", "content": query}]
         pert_rng, _ = _rngs(seed)
