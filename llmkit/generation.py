@@ -45,6 +45,13 @@ class GenerationParams:
     logprobs: int | None = None  # None = off; k = the chosen token's logprob plus the k most likely
     prompt_logprobs: int | None = None  # the same for every prompt token (completions' echo)
     guided: dict | None = None  # {"json": schema} | {"json_object": True}: the output must match
+    # vLLM's extras (SamplingParams' meanings); defaults change nothing
+    ignore_eos: bool = False  # EOS is an ordinary token: run to max_new_tokens (or a stop)
+    min_tokens: int = 0  # EOS and stop_token_ids are masked, and stop strings unchecked, before this many tokens
+    stop_token_ids: list[int] = field(default_factory=list)  # more tokens that end the answer, like EOS
+    include_stop_str_in_output: bool = False  # keep the stop string (or stop token's text) in the answer
+    skip_special_tokens: bool = True  # special tokens' text is left out of the answer
+    spaces_between_special_tokens: bool = True  # tokenizer.decode's flag (slow tokenizers put spaces there)
 
     @property
     def greedy(self) -> bool:
@@ -67,16 +74,19 @@ class ChatPrompt(str):
 
 
 def chat_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-                tools: list[dict] | None = None) -> ChatPrompt:
+                tools: list[dict] | None = None, continue_final_message: bool = False,
+                template_kwargs: dict | None = None) -> ChatPrompt:
     """Render OpenAI-style messages with the tokenizer's chat template.
 
     The result is a ``str``; where a message's content holds a special-token string its
     ``token_ids`` hold :func:`encode_chat`'s ids (engines use them instead of re-tokenizing).
     """
-    text = render_chat(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt)
+    opts = {"continue_final_message": continue_final_message, "template_kwargs": template_kwargs}
+    text = render_chat(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt, **opts)
     out = ChatPrompt(text)
     if _holds_special(tokenizer, messages):
-        out.token_ids = encode_chat(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt)
+        out.token_ids = encode_chat(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                    **opts)
     return out
 
 
@@ -179,11 +189,57 @@ def tool_messages(tokenizer, messages: list[dict], tools: list[dict] | None) -> 
 
 
 def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None,
-                add_generation_prompt: bool = True) -> str:
-    """The chat template applied to ``messages`` (with ``tools``, see :func:`tool_messages`), as a string."""
+                add_generation_prompt: bool = True, continue_final_message: bool = False,
+                template_kwargs: dict | None = None) -> str:
+    """The chat template applied to ``messages`` (with ``tools``, see :func:`tool_messages`), as a string.
+
+    ``continue_final_message`` leaves the last message open (the model continues it);
+    ``template_kwargs`` are extra template variables (vLLM's ``chat_template_kwargs``,
+    checked by :func:`template_options`).
+    """
     msgs, native_tools = tool_messages(tokenizer, messages, tools)
-    kw = {"tools": native_tools} if native_tools else {}
+    kw = template_options(tokenizer, template_kwargs, continue_final_message)
+    if native_tools:
+        kw["tools"] = native_tools
     return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **kw)
+
+
+def template_options(tokenizer, template_kwargs: dict | None, continue_final_message: bool = False) -> dict:
+    """``apply_chat_template`` keywords for client-chosen template variables.
+
+    A variable's value is placed in the prompt as markup (it is not message content), so a
+    value holding a special-token string is refused rather than let it become a control token,
+    and names that are ``apply_chat_template``'s own arguments are refused (they have fields).
+    """
+    import inspect
+
+    kw: dict = {"continue_final_message": True} if continue_final_message else {}
+    if not template_kwargs:
+        return kw
+    own = set(inspect.signature(tokenizer.apply_chat_template).parameters) | {"messages"}
+    specials = special_strings(tokenizer)
+    for name, value in template_kwargs.items():
+        if name in own:
+            raise ValueError(f"chat_template_kwargs.{name} is an argument of the chat template call, not a "
+                             "template variable (use the request's own field)")
+        text = json.dumps(value, ensure_ascii=False, default=str)  # every string inside, keys too
+        hit = next((s for s in specials if s in text), None)
+        if hit is not None:
+            raise ValueError(f"chat_template_kwargs.{name} holds the special-token string {hit!r}; template "
+                             "variables become markup, so such strings are refused")
+        kw[name] = value
+    return kw
+
+
+def with_special_tokens(tokenizer, ids: list[int]) -> list[int]:
+    """``ids`` wrapped in what ``tokenizer.encode(..., add_special_tokens=True)`` adds around a text (e.g. BOS)."""
+    probe = "a"
+    bare = tokenizer.encode(probe, add_special_tokens=False)
+    full = tokenizer.encode(probe, add_special_tokens=True)
+    for start in range(len(full) - len(bare) + 1):
+        if full[start:start + len(bare)] == bare:
+            return full[:start] + list(ids) + full[start + len(bare):]
+    return list(ids)
 
 
 _MARK = "\ue000llmkit-{}\ue001"
@@ -191,7 +247,8 @@ _MARK_RE = re.compile("\ue000llmkit-(\\d+)\ue001")
 
 
 def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None,
-                add_generation_prompt: bool = True) -> list[int]:
+                add_generation_prompt: bool = True, continue_final_message: bool = False,
+                template_kwargs: dict | None = None) -> list[int]:
     """Token ids of the rendered chat where only the template's own markup can become special tokens.
 
     Each content is replaced by a unique marker and the template rendered again; the pieces
@@ -200,7 +257,8 @@ def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
     that changes the content (so the markers do not line up) and content that holds a special
     string cannot be encoded safely: ``ValueError``.
     """
-    text = render_chat(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt)
+    text = render_chat(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                       continue_final_message=continue_final_message, template_kwargs=template_kwargs)
     if not _holds_special(tokenizer, messages):
         return tokenizer.encode(text, add_special_tokens=False)
     msgs, native_tools = tool_messages(tokenizer, messages, tools)
@@ -212,7 +270,9 @@ def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
             contents.append(c)
         else:
             marked.append(m)
-    kw = {"tools": native_tools} if native_tools else {}
+    kw = template_options(tokenizer, template_kwargs, continue_final_message)
+    if native_tools:
+        kw["tools"] = native_tools
     skeleton = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=add_generation_prompt, **kw)
     pieces = _MARK_RE.split(skeleton)  # template, index, template, index, ..., template
     order = [int(i) for i in pieces[1::2]]
