@@ -1,0 +1,70 @@
+"""Sentences bench/report.py states from the training benches' JSON (HALO, VSPO, LQZO, SMITH); see report_findings."""
+
+from __future__ import annotations
+
+from report_findings import sgn
+
+
+def _mean_sd(s: dict) -> str:
+    return "-" if s["mean"] is None else f"{s['mean']:.1f} ± {s['std'] or 0:.1f}"
+
+
+def _halo_size(d, _):
+    names = {"halo": "HALO", "full": "full", "stepwise": "step-wise", "lisa": "LISA"}
+    out = []
+    for size, s in d["summary"].items():
+        m = {k: v for k, v in s["methods"].items() if k in names}
+        each = lambda key, nd, m=m: ", ".join(f"{names[k]} {v[key]['mean']:.{nd}f}" for k, v in m.items())
+        out.append(f"n={size} (target val loss {s['target_val_loss']:.3f}; learning rates "
+                   + ", ".join(f"{names[k]} {v['lr']:g}" for k, v in m.items())
+                   + "): steps to target " + ", ".join(
+                       f"{names[k]} {_mean_sd(v['steps_to_target'])} ({v['reached']}/{len(v['seeds'])} reached)"
+                       for k, v in m.items())
+                   + f"; final val loss {each('final_val_loss', 3)}; forgetting (MATH-500 NLL change) "
+                   + f"{each('forgetting', 3)}.")
+    return out
+
+
+def _halo_control(d, load):
+    c = load("halo_full_lr3e-5_n32")["summary"]["32"]
+    cf, h = c["methods"]["full"], d["summary"]["32"]["methods"]
+    side = "below" if cf["final_val_loss"]["mean"] < h["halo"]["final_val_loss"]["mean"] else "above"
+    return (f"Control run at n=32 ([`halo_full_lr3e-5_n32`](halo_full_lr3e-5_n32.md): full finetuning at HALO's rate "
+            f"{cf['lr']:g}, same data and seeds): final val loss {cf['final_val_loss']['mean']:.3f}, {side} HALO's "
+            f"{h['halo']['final_val_loss']['mean']:.3f}; full finetuning at its n=8-swept rate {h['full']['lr']:g} ends "
+            f"at {h['full']['final_val_loss']['mean']:.3f}. The control's target comes from its own run "
+            f"({c['target_val_loss']:.3f}), so its steps to target are not comparable.")
+
+
+def _vspo_arms(d, _):
+    return "Behaviour rate after training, 95% interval: " + "; ".join(
+        f"{k} {v['behavior_rate']['rate']:.3f} [{v['behavior_rate']['ci95'][0]:.3f}, {v['behavior_rate']['ci95'][1]:.3f}]"
+        for k, v in d["summary"].items()) + "."
+
+
+def _vspo_align(d, _):
+    a = d["alignment"]["pick"]
+    return (f"Steering-vector check (greedy, n={d['alignment']['n']}): behaviour rate {d['base']['behavior_rate']:.3f} "
+            f"unsteered, {a['behavior_rate']:.3f} with `{a['vector']}` at alpha {a['alpha']:g}.")
+
+
+def _lqzo(d, _):
+    s = d["summary"]
+    return (f"INT2, {d['forward_passes_per_method']} forward passes per run, {s['seeds_lqzo_int2']} seeds: share of the "
+            f"quantization loss gap recovered on test, QZO {s['recovered_fraction_qzo_int2'] * 100:+.1f}%, LQZO "
+            f"{s['recovered_fraction_lqzo_int2'] * 100:+.1f}%; paired by seed, LQZO's test loss minus QZO's "
+            f"{sgn(s['loss_lqzo_minus_qzo_int2'], 2)} ± {s['loss_lqzo_minus_qzo_int2_std']:.2f}.")
+
+
+def _lqzo_mem(d, _):
+    s = d["summary"]
+    return (f"An LQZO step peaks at {s['mem_ratio_vs_inference']:.2f}x inference memory and {s['mem_ratio_vs_qlora']:.2f}x"
+            f" a QLoRA step, and takes {s['step_time_ratio_vs_2fwd']:.2f}x two forward passes.")
+
+
+def _smith(d, _):
+    c, attacks = d["conditions"], d["attacks"].values()
+    return (f"Verified training-family builds {d['build_verified_rate_before']:.2f} -> {d['build_verified_rate_after']:.2f}"
+            f" over the warm start; pool after GRPO {d['runs']['smith']['pool_size']} tools; held-out macro accuracy: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in c.items())
+            + f"; sandbox attacks contained {sum(a['contained'] for a in attacks)}/{len(d['attacks'])}.")
