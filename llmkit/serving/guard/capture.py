@@ -11,6 +11,13 @@ perplexity baseline).
 Layer ids index ``output_hidden_states``: 0 is the embedding output, ``l`` the
 output of decoder block ``l`` (the last one has the final norm applied, as
 transformers returns it).
+
+Whole context. Every response token gets its state. When prompt + response exceed
+``max_length`` the conversation is cut where it matters least for a guard: the leading
+system messages (what the guard protects) and the latest turns (what the response
+answers) stay, the oldest turns go first, and only then the middle of the last turn
+(:func:`_cut_prompt`). A response too long for one pass is read in segments, each after
+the cut prompt and the response tokens just before it (:func:`_pieces`).
 """
 
 from __future__ import annotations
@@ -56,16 +63,89 @@ def _backbone(model):
     return base if base is not None else model
 
 
-def _encode(tokenizer, prompt_messages, response, max_length, max_response_tokens):
-    from llmkit.generation import encode_chat, encode_text
+def _leading_system(messages: list[dict]) -> int:
+    n = 0
+    while n < len(messages) and messages[n].get("role") == "system":
+        n += 1
+    return n
+
+
+def _cut_prompt(tokenizer, prompt_messages: list[dict], budget: int) -> tuple[list[int], int]:
+    """The prompt's ids in at most ``budget`` tokens, and how many prompt tokens were dropped.
+
+    A cut keeps what the guard exists to protect and what the response answers: the
+    leading system messages and the latest turns. Whole turns (a user message and what
+    follows it) are dropped oldest first; when the latest turn alone is still too long,
+    the middle of the prompt goes: the system part's tokens are kept at the front and
+    the rest is filled from the end (the latest words and the generation prompt).
+    """
+    from llmkit.generation import encode_chat
+
+    budget = max(1, budget)
+    full = encode_chat(tokenizer, prompt_messages)
+    if len(full) <= budget:
+        return full, 0
+    n_sys = _leading_system(prompt_messages)
+    system, rest = prompt_messages[:n_sys], list(prompt_messages[n_sys:])
+    ids = full
+    while len(ids) > budget:
+        starts = [i for i, m in enumerate(rest) if i > 0 and m.get("role") == "user"]
+        if not starts:
+            break
+        rest = rest[starts[0]:]  # the oldest turn goes whole
+        try:
+            ids = encode_chat(tokenizer, system + rest)
+        except Exception:  # noqa: BLE001 - a template that rejects the shortened history: cut tokens instead
+            ids = full
+            break
+    if len(ids) <= budget:
+        return ids, len(full) - len(ids)
+    head: list[int] = []
+    if system:
+        try:
+            sys_ids = encode_chat(tokenizer, system, add_generation_prompt=False)
+        except Exception:  # noqa: BLE001 - a template that needs a user turn: no separable system part
+            sys_ids = []
+        if sys_ids and ids[: len(sys_ids)] == sys_ids:
+            head = sys_ids
+    # the end of the prompt (generation prompt included) keeps at least a quarter of the budget
+    n_head = min(len(head), budget - min(max(1, budget // 4), len(ids) - len(head)))
+    n_tail = budget - max(0, n_head)
+    kept = ids[: max(0, n_head)] + ids[len(ids) - n_tail :]
+    return kept, len(full) - len(kept)
+
+
+def _pieces(tokenizer, prompt_messages, response, max_length, max_response_tokens=None
+            ) -> tuple[list[tuple[list[int], int, int]], int, int]:
+    """The forward passes that together give every response token a state: ``[(ids, lo, hi)], n_tokens, cut``.
+
+    The states of rows ``lo:hi`` of each piece, in order, are the response's. A response that fits
+    beside its (possibly cut) prompt is one piece. A response longer than three quarters of
+    ``max_length`` is split into segments of ``max_length // 2`` tokens, each read after the cut
+    prompt (a quarter of ``max_length``) and the response tokens just before it. An empty
+    response is the state at the last prompt token. ``cut``: prompt tokens left out (most in any piece).
+    """
+    from llmkit.generation import encode_text
 
     # content is text: a special-token string in a message or the response is not a control token here
     # either, so the guard reads the same tokens the server generated from
-    p_ids = encode_chat(tokenizer, prompt_messages)
     r_ids = encode_text(tokenizer, response)[:max_response_tokens]
-    keep_prompt = max(1, max_length - len(r_ids))
-    p_ids = p_ids[-keep_prompt:]  # keep the end of a long prompt: it is what the response reads last
-    return p_ids, r_ids
+    n = len(r_ids)
+    if n == 0:
+        p_ids, cut = _cut_prompt(tokenizer, prompt_messages, max_length)
+        return [(p_ids, len(p_ids) - 1, len(p_ids))], 0, cut
+    if n <= max(1, 3 * max_length // 4):
+        p_ids, cut = _cut_prompt(tokenizer, prompt_messages, max_length - n)
+        return [(p_ids + r_ids, len(p_ids), len(p_ids) + n)], n, cut
+    seg = max(1, max_length // 2)
+    p_ids, cut = _cut_prompt(tokenizer, prompt_messages, max(1, max_length // 4))
+    pieces = []
+    for a in range(0, n, seg):
+        b = min(n, a + seg)
+        back = min(a, max_length - len(p_ids) - (b - a))  # the response just before the segment
+        lo = len(p_ids) + back
+        pieces.append((p_ids + r_ids[a - back : b], lo, lo + b - a))
+    return pieces, n, cut
 
 
 class _StopForward(Exception):
@@ -143,13 +223,18 @@ def _backbone_call(base, **inputs):
 @torch.inference_mode()
 def capture(model, tokenizer, conversations: list[list[dict]], layers: list[int], *,
             with_logprobs: bool = False, batch_size: int = 8, max_length: int = 1024,
-            max_response_tokens: int = 256, progress: bool = False) -> list[Capture]:
+            max_response_tokens: int | None = None, progress: bool = False) -> list[Capture]:
     """One :class:`Capture` per conversation (each ending with the assistant's response).
 
-    An empty response is represented by the state at the last prompt token
-    (the position that chose to stop), so every capture has at least one row.
-    Only the backbone runs (never the LM head, except on the response rows for
-    ``with_logprobs``), and it stops after the highest requested block.
+    Every response token gets a state (``max_response_tokens`` keeps only the first ones,
+    for callers that want that). A conversation longer than ``max_length`` tokens is cut
+    the way :func:`_cut_prompt` says (system prompt and latest turns kept); a response too
+    long for one pass is read in overlapping segments (:func:`_pieces`).
+    ``Capture.extra["prompt_tokens_cut"]`` says how many prompt tokens were left out.
+    An empty response is represented by the state at the last prompt token (the position
+    that chose to stop), so every capture has at least one row. Only the backbone runs
+    (never the LM head, except on the response rows for ``with_logprobs``), and it stops
+    after the highest requested block.
     """
     from tqdm.auto import tqdm
 
@@ -157,21 +242,31 @@ def capture(model, tokenizer, conversations: list[list[dict]], layers: list[int]
     bad = [l for l in layers if not 0 <= l <= n_hidden]
     if bad:
         raise ValueError(f"layer ids {bad} out of range 0..{n_hidden} for this model")
-    encoded = []
-    for conv in conversations:
+    if max_length < 8:
+        raise ValueError(f"max_length must be at least 8 tokens, got {max_length}")
+    # rows: (conversation, ids, lo, hi); a conversation's rows hold its response's states in order
+    rows, meta = [], []
+    for ci, conv in enumerate(conversations):
         prompt_messages, response = split_conversation(conv)
-        encoded.append(_encode(tokenizer, prompt_messages, response, max_length, max_response_tokens))
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]) + len(encoded[i][1]))
-    out: list[Capture | None] = [None] * len(encoded)
+        pieces, n_tok, cut = _pieces(tokenizer, prompt_messages, response, max_length, max_response_tokens)
+        meta.append((n_tok, cut))
+        rows += [(ci, ids, lo, hi) for ids, lo, hi in pieces]
+    order = sorted(range(len(rows)), key=lambda j: len(rows[j][1]))
+    seen: dict[int, int] = {}
+    slot = []  # each row's place among its conversation's pieces
+    for ci, *_ in rows:
+        slot.append(seen.get(ci, 0))
+        seen[ci] = slot[-1] + 1
+    parts: list[list] = [[None] * seen.get(ci, 0) for ci in range(len(conversations))]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = next(model.parameters()).device
     head = model.get_output_embeddings()
     tap_layers = sorted(set(layers) | ({n_hidden} if with_logprobs else set()))
-    bar = tqdm(total=len(encoded), desc="guard capture", disable=not progress, unit="resp")
+    bar = tqdm(total=len(rows), desc="guard capture", disable=not progress, unit="pass")
     with _Taps(model, tap_layers) as taps:
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            seqs = [encoded[i][0] + encoded[i][1] for i in idx]
+            seqs = [rows[j][1] for j in idx]
             width = max(len(s) for s in seqs)
             # right padding keeps position ids 0..n-1 for every row, as in an unpadded pass
             ids = torch.full((len(seqs), width), pad, dtype=torch.long)
@@ -180,26 +275,30 @@ def capture(model, tokenizer, conversations: list[list[dict]], layers: list[int]
                 ids[r, : len(s)] = torch.tensor(s)
                 mask[r, : len(s)] = 1
             hs = taps.run(input_ids=ids.to(device), attention_mask=mask.to(device))
-            for r, i in enumerate(idx):
-                p_len, r_len = len(encoded[i][0]), len(encoded[i][1])
-                lo, hi = (p_len, p_len + r_len) if r_len else (p_len - 1, p_len)
+            for r, j in enumerate(idx):
+                ci, _, lo, hi = rows[j]
                 # copies: a view would keep the whole batch's hidden states alive as long as the capture
-                states = {l: hs[l][r, lo:hi].to("cpu", torch.float32, copy=True) for l in layers}
-                cap = Capture(states=states, n_tokens=r_len)
-                if with_logprobs and r_len:
-                    # position t predicts token t+1: response tokens are predicted from p_len-1 .. end-1
-                    logits = head(hs[n_hidden][r, p_len - 1 : p_len + r_len - 1]).float()
+                part = {"states": {l: hs[l][r, lo:hi].to("cpu", torch.float32, copy=True) for l in layers}}
+                if with_logprobs and meta[ci][0]:
+                    # position t predicts token t+1: tokens lo..hi-1 are predicted from lo-1 .. hi-2
+                    logits = head(hs[n_hidden][r, lo - 1 : hi - 1]).float()
                     logp = torch.log_softmax(logits, dim=-1)
-                    target = ids[r, p_len : p_len + r_len].to(logp.device)
-                    cap.token_logprobs = logp.gather(1, target[:, None])[:, 0].cpu()
-                    cap.token_entropies = -(logp.exp() * logp).sum(-1).cpu()
-                elif with_logprobs:
-                    cap.token_logprobs = torch.zeros(0)
-                    cap.token_entropies = torch.zeros(0)
-                out[i] = cap
+                    target = ids[r, lo:hi].to(logp.device)
+                    part["logprobs"] = logp.gather(1, target[:, None])[:, 0].cpu()
+                    part["entropies"] = -(logp.exp() * logp).sum(-1).cpu()
+                parts[ci][slot[j]] = part
             bar.update(len(idx))
     bar.close()
-    return out  # type: ignore[return-value]
+    out = []
+    for ci, ps in enumerate(parts):
+        n_tok, cut = meta[ci]
+        cap = Capture(states={l: torch.cat([p["states"][l] for p in ps]) if len(ps) > 1 else ps[0]["states"][l]
+                              for l in layers}, n_tokens=n_tok, extra={"prompt_tokens_cut": cut})
+        if with_logprobs:
+            cap.token_logprobs = torch.cat([p["logprobs"] for p in ps]) if n_tok else torch.zeros(0)
+            cap.token_entropies = torch.cat([p["entropies"] for p in ps]) if n_tok else torch.zeros(0)
+        out.append(cap)
+    return out
 
 
 @dataclass
@@ -238,7 +337,7 @@ def prefill(model, tokenizer, prompt_messages: list[dict], layers: list[int], *,
 
 @torch.inference_mode()
 def capture_after_prefill(model, tokenizer, pre: Prefill, response: str, layers: list[int], *,
-                          max_length: int = 1024, max_response_tokens: int = 256) -> Capture | None:
+                          max_length: int = 1024, max_response_tokens: int | None = None) -> Capture | None:
     """The :func:`capture` of prompt + ``response`` from a :class:`Prefill` of the prompt.
 
     Returns ``None`` when :func:`capture` would cut the prompt (prompt + response

@@ -12,6 +12,7 @@ import torch
 from llmkit.serving.guard import score as S
 from llmkit.serving.guard.capture import Capture, capture, default_layers
 from llmkit.serving.guard.manifold import Manifold
+from llmkit.serving.guard.probe import LinearProbe
 
 FORMAT_VERSION = 1
 META_FILE = "guard.json"
@@ -53,17 +54,23 @@ class Guard:
     """A fitted AEO guard. See the package docstring for the contract and the score."""
 
     def __init__(self, manifolds: dict[int, Manifold], center: torch.Tensor, scale: torch.Tensor,
-                 threshold: float, meta: dict):
+                 threshold: float, meta: dict, probe: LinearProbe | None = None,
+                 stacker: LinearProbe | None = None):
         kind = meta.get("score", "energy")  # guards saved before the entropic score existed: energy
         if kind not in S.SCORES:
-            raise ValueError(f"unknown chaos score '{kind}' in the guard's metadata: choose from "
+            raise ValueError(f"unknown guard score '{kind}' in the guard's metadata: choose from "
                              f"{', '.join(S.SCORES)}")
+        if kind in ("probe", "combined") and probe is None:
+            raise ValueError(f"a '{kind}' guard needs its probe weights (probe.* tensors)")
+        if kind == "combined" and stacker is None:
+            raise ValueError("a 'combined' guard needs its combination weights (combined.* tensors)")
         self.score_kind = kind
         self.manifolds = manifolds
         self.center = center.double()
         self.scale = scale.double()
         self.threshold = float(threshold)
         self.meta = meta
+        self.probe, self.stacker = probe, stacker
 
     # ---- properties -------------------------------------------------------------------------
     @property
@@ -75,67 +82,137 @@ class Guard:
         return self.meta["model_name"]
 
     @property
-    def max_response_tokens(self) -> int:
-        return int(self.meta.get("max_response_tokens", 256))
+    def chaos_kind(self) -> str:
+        """The manifold score behind the per-layer z-scores (the score itself for energy/entropic)."""
+        return self.score_kind if self.score_kind in S.CHAOS_SCORES else "energy"
+
+    @property
+    def window(self) -> int:
+        """Tokens per scoring window (guards saved before windows were scored whole, up to 256 tokens)."""
+        return int(self.meta.get("window", self.meta.get("max_response_tokens", 256)))
+
+    @property
+    def max_length(self) -> int:
+        return int(self.meta.get("max_length", 1024))
 
     # ---- fitting ----------------------------------------------------------------------------
     @classmethod
     def fit(cls, model, tokenizer, conversations: list[list[dict]], *, model_name: str,
             layers: list[int] | None = None, n_components: int = 32, target_fpr: float = 0.05,
-            holdout: float = 0.3, seed: int = 0, batch_size: int = 8, max_response_tokens: int = 256,
-            progress: bool = False, score: str = "energy") -> Guard:
-        """Fit on compliant conversations (each ending with the assistant's compliant response).
+            holdout: float = 0.3, seed: int = 0, batch_size: int = 8, window: int = 64,
+            max_length: int = 1024, progress: bool = False, score: str = "energy",
+            labels: list[bool] | None = None) -> Guard:
+        """Fit on conversations (each ending with the assistant's response).
 
-        A random ``holdout`` fraction is kept out of the manifold fit and used for the
-        score's calibration and the threshold at ``target_fpr``.
+        ``labels`` (one per conversation, True = the response violates its instructions;
+        default: all compliant). ``energy`` and ``entropic`` fit on the compliant ones only;
+        ``probe`` and ``combined`` need both kinds. A random ``holdout`` fraction (of each
+        kind) is kept out of the fit and used for calibration and the threshold at ``target_fpr``.
         """
+        if score not in S.SCORES:
+            raise ValueError(f"unknown guard score '{score}': choose from {', '.join(S.SCORES)}")
+        labels = [False] * len(conversations) if labels is None else [bool(y) for y in labels]
+        if len(labels) != len(conversations):
+            raise ValueError(f"{len(labels)} labels for {len(conversations)} conversations")
+        supervised = score not in S.CHAOS_SCORES
+        ok = [i for i, y in enumerate(labels) if not y]
+        bad = [i for i, y in enumerate(labels) if y] if supervised else []
+        if supervised and (len(bad) < 2 or len(ok) < 4):
+            raise ValueError(f"the '{score}' score learns from both kinds of response: it needs at least 2 "
+                             f"violating and 4 compliant examples ('violation': true / false), got "
+                             f"{len(bad)} violating and {len(ok)} compliant")
         if layers is None:
             layers = default_layers(model.config.num_hidden_layers)
-        caps = capture(model, tokenizer, conversations, layers, batch_size=batch_size,
-                       max_response_tokens=max_response_tokens, progress=progress)
-        order = list(range(len(caps)))
-        random.Random(seed).shuffle(order)
-        n_hold = round(holdout * len(order))
-        if n_hold < 2 or len(order) - n_hold < 2:
-            raise ValueError(f"need at least 2 fit and 2 held-out examples; got {len(order)} examples "
-                             f"with holdout={holdout}")
-        held, fit = [caps[i] for i in order[:n_hold]], [caps[i] for i in order[n_hold:]]
+        keep = ok + bad
+        caps = capture(model, tokenizer, [conversations[i] for i in keep], layers, batch_size=batch_size,
+                       max_length=max_length, progress=progress)
+        by_row = dict(zip(keep, caps))
+        rng = random.Random(seed)
+        parts = {}
+        for name, rows in (("ok", ok), ("bad", bad)):
+            rows = list(rows)
+            rng.shuffle(rows)
+            n_hold = round(holdout * len(rows))
+            if name == "bad" and rows:
+                n_hold = min(max(1, n_hold), len(rows) - 1)
+            parts[name] = ([by_row[i] for i in rows[n_hold:]], [by_row[i] for i in rows[:n_hold]])
+        (fit, held), (fit_bad, held_bad) = parts["ok"], parts["bad"]
+        if len(held) < 2 or len(fit) < 2:
+            raise ValueError(f"need at least 2 fit and 2 held-out compliant examples; got {len(ok)} compliant "
+                             f"examples with holdout={holdout}")
         return cls.fit_captures(fit, held, model_name=model_name, hidden_size=model.config.hidden_size,
                                 num_layers=model.config.num_hidden_layers, n_components=n_components,
-                                target_fpr=target_fpr, max_response_tokens=max_response_tokens, score=score)
+                                target_fpr=target_fpr, window=window, max_length=max_length, score=score,
+                                fit_violations=fit_bad, held_violations=held_bad)
 
     @classmethod
     def fit_captures(cls, fit: list[Capture], held: list[Capture], *, model_name: str, hidden_size: int,
-                     num_layers: int, n_components: int = 32, target_fpr: float = 0.05,
-                     max_response_tokens: int = 256, score: str = "energy") -> Guard:
+                     num_layers: int, n_components: int = 32, target_fpr: float = 0.05, window: int = 64,
+                     max_length: int = 1024, score: str = "energy", fit_violations: list[Capture] = (),
+                     held_violations: list[Capture] = ()) -> Guard:
         """Fit from captures already taken (the benchmark reuses one capture for every method).
 
+        ``fit``/``held``: compliant captures for the manifold and for calibration and the threshold.
         ``score``: ``"energy"`` (Mahalanobis energy) or ``"entropic"`` (asymmetric entropic
-        divergence); see :mod:`llmkit.serving.guard.score`.
+        divergence), see :mod:`llmkit.serving.guard.score`, fitted on the compliant captures only;
+        ``"probe"`` or ``"combined"`` (:mod:`llmkit.serving.guard.probe`), which also need violating
+        captures: ``fit_violations`` train the probe, ``held_violations`` calibrate the combination.
+        Every score is taken per ``window`` of response tokens and maximised over the windows.
         """
+        from llmkit.serving.guard.probe import LinearProbe, pooled_windows, window_rows
+
         if not fit or not held:
             raise ValueError("need compliant captures both to fit and to hold out")
         if score not in S.SCORES:
-            raise ValueError(f"unknown chaos score '{score}': choose from {', '.join(S.SCORES)}")
+            raise ValueError(f"unknown guard score '{score}': choose from {', '.join(S.SCORES)}")
+        supervised = score not in S.CHAOS_SCORES
+        if supervised and not fit_violations:
+            raise ValueError(f"the '{score}' score needs violating examples to fit (none given)")
+        if score == "combined" and not held_violations:
+            raise ValueError("the 'combined' score is calibrated on held-out violating and compliant examples: "
+                             "none of the held-out examples is a violation")
+        chaos_kind = score if not supervised else "energy"
         layers = list(fit[0].states)
         manifolds = {l: Manifold.fit(torch.cat([c.states[l] for c in fit]), n_components) for l in layers}
-        raw = S.layer_scores(held, manifolds, score)
+        raw = torch.cat([S.window_layer_scores(c, manifolds, chaos_kind, window) for c in held])
         center, scale = S.robust_scale(raw)
-        scores = S.chaos(raw, center, scale)
-        threshold = S.threshold_at_fpr(scores, target_fpr)
         meta = {
             "format_version": FORMAT_VERSION, "score": score,
-            "method": "AEO chaos score (" + ("PPCA cross-entropy" if score == "energy"
-                                             else "asymmetric entropic divergence") + ")",
+            "method": {"energy": "AEO chaos score (PPCA cross-entropy)",
+                       "entropic": "AEO chaos score (asymmetric entropic divergence)",
+                       "probe": "linear probe on pooled guard-layer states",
+                       "combined": "energy chaos score + linear probe, combined on held-out responses"}[score],
             "model_name": model_name, "hidden_size": int(hidden_size), "num_layers": int(num_layers),
             "layers": layers, "n_components": int(n_components), "target_fpr": float(target_fpr),
-            "threshold": threshold, "n_fit": len(fit), "n_holdout": len(held),
+            "window": int(window), "max_length": int(max_length),
+            "n_fit": len(fit), "n_holdout": len(held),
+            "n_fit_violations": len(fit_violations), "n_holdout_violations": len(held_violations),
             "n_fit_tokens": int(sum(c.states[layers[0]].shape[0] for c in fit)),
-            "max_response_tokens": int(max_response_tokens),
-            "holdout_fpr": float((scores > threshold).double().mean()),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        return cls(manifolds, center, scale, threshold, meta)
+        guard = cls(manifolds, center, scale, 0.0, {**meta, "score": chaos_kind})
+        probe = stacker = None
+        if supervised:
+            x, y, w = window_rows(list(fit) + list(fit_violations), [0] * len(fit) + [1] * len(fit_violations),
+                                  lambda c: pooled_windows(c, layers, window))
+            probe = LinearProbe.fit(x.numpy(), y, sample_weight=w)
+            guard.probe = probe
+        if score == "combined":
+            x, y, w = window_rows(list(held) + list(held_violations), [0] * len(held) + [1] * len(held_violations),
+                                  lambda c: guard._features(c))
+            stacker = LinearProbe.fit(x.numpy(), y, C=1.0, sample_weight=w)
+        guard = cls(manifolds, center, scale, 0.0, meta, probe=probe, stacker=stacker)
+        held_scores = guard.score_captures(held)
+        threshold = S.threshold_at_fpr(held_scores, target_fpr)
+        guard.threshold = threshold
+        guard.meta.update(threshold=threshold, holdout_fpr=float((held_scores > threshold).double().mean()))
+        if held_violations:
+            from llmkit.serving.guard.evaluation import auroc
+
+            bad_scores = guard.score_captures(list(held_violations))
+            guard.meta["holdout_auroc"] = auroc(held_scores.tolist() + bad_scores.tolist(),
+                                                [0] * len(held) + [1] * len(held_violations))
+        return guard
 
     # ---- persistence ------------------------------------------------------------------------
     def save(self, directory) -> Path:
@@ -146,6 +223,10 @@ class Guard:
         tensors = {"calibration.center": self.center.float(), "calibration.scale": self.scale.float()}
         for l, m in self.manifolds.items():
             tensors.update(m.tensors(f"layer{l}"))
+        if self.probe is not None:
+            tensors.update(self.probe.tensors("probe"))
+        if self.stacker is not None:
+            tensors.update(self.stacker.tensors("combined"))
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(d / TENSORS_FILE))
         meta = {**self.meta, "threshold": self.threshold}
         (d / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
@@ -173,7 +254,13 @@ class Guard:
                              f"`llmkit guard fit --model {model_name} ...`")
         t = load_file(str(d / TENSORS_FILE))
         manifolds = {int(l): Manifold.from_tensors(t, f"layer{int(l)}") for l in meta["layers"]}
-        return cls(manifolds, t["calibration.center"], t["calibration.scale"], meta["threshold"], meta)
+        try:
+            probe = LinearProbe.from_tensors(t, "probe") if "probe.coef" in t else None
+            stacker = LinearProbe.from_tensors(t, "combined") if "combined.coef" in t else None
+            return cls(manifolds, t["calibration.center"], t["calibration.scale"], meta["threshold"], meta,
+                       probe=probe, stacker=stacker)
+        except ValueError as e:
+            raise ValueError(f"{d / TENSORS_FILE}: {e}") from None
 
     # ---- scoring ----------------------------------------------------------------------------
     def _check_model(self, model) -> None:
@@ -186,31 +273,68 @@ class Guard:
 
     def capture(self, model, tokenizer, conversations, **kw) -> list[Capture]:
         self._check_model(model)
-        kw.setdefault("max_response_tokens", self.max_response_tokens)
+        kw.setdefault("max_length", self.max_length)
         return capture(model, tokenizer, conversations, self.layers, **kw)
 
+    def _window_z(self, cap: Capture) -> torch.Tensor:
+        """Standardised per-layer chaos scores of each window (n_windows, L)."""
+        return (S.window_layer_scores(cap, self.manifolds, self.chaos_kind, self.window) - self.center) / self.scale
+
+    def _features(self, cap: Capture) -> torch.Tensor:
+        """Per window, the combined score's inputs: (energy chaos, probe decision)."""
+        from llmkit.serving.guard.probe import pooled_windows
+
+        chaos = self._window_z(cap).mean(1)
+        return torch.stack([chaos, self.probe.decision(pooled_windows(cap, self.layers, self.window))], 1)
+
+    def window_scores(self, cap: Capture) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scores (n_windows,), layer z-scores (n_windows, L))`` of one response."""
+        from llmkit.serving.guard.probe import pooled_windows
+
+        z = self._window_z(cap)
+        if self.score_kind in S.CHAOS_SCORES:
+            return z.mean(1), z
+        if self.score_kind == "probe":
+            return self.probe.decision(pooled_windows(cap, self.layers, self.window)), z
+        return self.stacker.decision(self._features(cap)), z
+
+    def score_details(self, caps: list[Capture]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scores (n,), layer z-scores (n, L))``: each response's highest-scoring window."""
+        scores, zs = [], []
+        for cap in caps:
+            s, z = self.window_scores(cap)
+            k = int(torch.argmax(s))
+            scores.append(s[k])
+            zs.append(z[k])
+        if not caps:
+            return torch.zeros(0, dtype=torch.float64), torch.zeros(0, len(self.layers), dtype=torch.float64)
+        return torch.stack(scores).double(), torch.stack(zs).double()
+
     def layer_z(self, caps: list[Capture]) -> torch.Tensor:
-        """Standardised per-layer scores (n, L)."""
-        return (S.layer_scores(caps, self.manifolds, self.score_kind) - self.center) / self.scale
+        """Standardised per-layer chaos scores (n, L) of each response's highest-scoring window."""
+        return self.score_details(caps)[1]
 
     def score_captures(self, caps: list[Capture]) -> torch.Tensor:
-        return self.layer_z(caps).mean(1)
+        return self.score_details(caps)[0]
 
     def score(self, model, tokenizer, conversations, **kw) -> list[float]:
         return self.score_captures(self.capture(model, tokenizer, conversations, **kw)).tolist()
 
-    def _result(self, z_row: torch.Tensor, n_tokens: int) -> dict:
-        s = float(z_row.mean())
+    def _result(self, score: float, z_row: torch.Tensor, n_tokens: int) -> dict:
+        s = float(score)
         return {"score": s, "flagged": s > self.threshold, "threshold": self.threshold,
                 "layer_scores": {str(l): float(v) for l, v in zip(self.layers, z_row)}, "n_tokens": n_tokens}
+
+    def _results(self, caps: list[Capture]) -> list[dict]:
+        scores, z = self.score_details(caps)
+        return [self._result(scores[i], z[i], caps[i].n_tokens) for i in range(len(caps))]
 
     def check_batch(self, engine, prompts_messages: list[list[dict]], responses: list[str],
                     batch_size: int = 8) -> list[dict]:
         model, tok = engine_model(engine)
         convs = [[*m, {"role": "assistant", "content": r}] for m, r in zip(prompts_messages, responses)]
         caps = self.capture(model, tok, convs, batch_size=batch_size)
-        z = self.layer_z(caps)
-        return [self._result(z[i], caps[i].n_tokens) for i in range(len(caps))]
+        return self._results(caps)
 
     def prefill(self, engine, messages: list[dict]):
         """Run the prompt's share of :meth:`check`'s pass ahead of time (while the engine generates).
@@ -222,7 +346,7 @@ class Guard:
 
         model, tok = engine_model(engine)
         self._check_model(model)
-        return prefill(model, tok, messages, self.layers)
+        return prefill(model, tok, messages, self.layers, max_length=self.max_length)
 
     def check(self, engine, messages: list[dict], response_text: str, prefill=None) -> dict:
         """Score one response to ``messages`` (the prompt, without the response).
@@ -236,9 +360,9 @@ class Guard:
 
             model, tok = engine_model(engine)
             cap = capture_after_prefill(model, tok, prefill, response_text, self.layers,
-                                        max_response_tokens=self.max_response_tokens)
+                                        max_length=self.max_length)
             if cap is not None:
-                return self._result(self.layer_z([cap])[0], cap.n_tokens)
+                return self._results([cap])[0]
         return self.check_batch(engine, [messages], [response_text])[0]
 
     def generate(self, engine, prompts_messages: list[list[dict]], params) -> list[tuple[str, dict]]:
@@ -274,16 +398,12 @@ class Guard:
                 comps += [c[0] for c in engine.generate(chunk, params)]
                 prompt_ids.append(tok(chunk, add_special_tokens=False)["input_ids"])
         caps = rec.captures(comps, prompt_ids, stop=any(params.stop))
-        for c in caps:
-            if c is not None:
-                c.states = {l: s[: self.max_response_tokens] for l, s in c.states.items()}
         missing = [i for i, c in enumerate(caps) if c is None]
         if missing:  # rows whose recorded states cannot be attributed: teacher-forced pass
             convs = [[*prompts_messages[i], {"role": "assistant", "content": comps[i].text}] for i in missing]
             for i, c in zip(missing, self.capture(model, tok, convs)):
                 caps[i] = c
-        z = self.layer_z(caps)
-        return [(comps[i].text, self._result(z[i], caps[i].n_tokens)) for i in range(len(caps))]
+        return [(comps[i].text, r) for i, r in enumerate(self._results(caps))]
 
     # ---- correction -------------------------------------------------------------------------
     def correct(self, engine, messages: list[dict], params, steer_alpha: float = 0.0,

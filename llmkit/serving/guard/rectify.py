@@ -101,7 +101,7 @@ class _Monitor:
                 continue
             cap = Capture(states={l: torch.stack([s[r] for s in self.steps[l][:t]]) for l in self.guard.layers},
                           n_tokens=t)
-            score = float(self.guard.layer_z([cap])[0].mean())
+            score = float(self.guard.score_captures([cap])[0])
             if score > self.threshold:
                 self.fire(r, t, score, cap.states)
         return scores
@@ -184,7 +184,7 @@ def trigger_point(guard, cap: Capture, *, threshold: float, min_tokens: int = 8,
     last = cap.n_tokens if max_new_tokens is None else min(cap.n_tokens, max_new_tokens - 1)
     for t in range(max(1, min_tokens), last + 1, max(1, check_every)):
         part = Capture(states={l: cap.states[l][:t] for l in guard.layers}, n_tokens=t)
-        score = float(guard.layer_z([part])[0].mean())
+        score = float(guard.score_captures([part])[0])
         if score > threshold:
             return t, score
     return None, None

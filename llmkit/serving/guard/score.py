@@ -37,6 +37,12 @@ spread and drift away from the compliant mean count; a trajectory tighter than t
 manifold (a short or repetitive answer) is not chaos. That is AEO's asymmetry written
 into the score: the compliant manifold is low-entropy, violations are high-entropy.
 Layer scores are calibrated and combined exactly as for the energy score.
+
+Windows. A long response is scored window by window (:func:`windows`: ``size`` tokens,
+half-overlapping, the last one ending at the response's end) and its score is the
+maximum over windows, so a violation that starts late is not averaged away by a long
+compliant beginning. A response no longer than one window is scored whole, as before.
+The supervised ``"probe"`` and ``"combined"`` scores (:mod:`probe`) use the same windows.
 """
 
 from __future__ import annotations
@@ -46,7 +52,39 @@ import torch
 from llmkit.serving.guard.capture import Capture
 from llmkit.serving.guard.manifold import Manifold
 
-SCORES = ("energy", "entropic")
+CHAOS_SCORES = ("energy", "entropic")  # unsupervised: fitted on compliant responses only
+SCORES = (*CHAOS_SCORES, "probe", "combined")  # probe and combined also need violations to fit
+
+
+def windows(n_tokens: int, size: int) -> list[tuple[int, int]]:
+    """``[(start, end)]`` covering ``n_tokens`` rows: ``size`` long, stride ``size // 2``, the last
+    one ending at ``n_tokens``; one window when ``n_tokens <= size``."""
+    if size < 1:
+        raise ValueError(f"window size must be at least 1 token, got {size}")
+    if n_tokens <= size:
+        return [(0, max(1, n_tokens))]
+    stride = max(1, size // 2)
+    starts = list(range(0, n_tokens - size + 1, stride))
+    if starts[-1] + size < n_tokens:
+        starts.append(n_tokens - size)
+    return [(a, a + size) for a in starts]
+
+
+def window_layer_scores(cap: Capture, manifolds: dict[int, Manifold], kind: str, size: int) -> torch.Tensor:
+    """Raw per-layer scores of each window of one response: (n_windows, n_layers)."""
+    if kind not in CHAOS_SCORES:
+        raise ValueError(f"unknown chaos score '{kind}': choose from {', '.join(CHAOS_SCORES)}")
+    first = next(iter(manifolds))
+    spans = windows(cap.states[first].shape[0], size)
+    cols = []
+    for l, m in manifolds.items():
+        x = cap.states[l]
+        if kind == "energy":
+            e = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.float64), m.energy(x).double()]), 0)
+            cols.append(torch.tensor([float(e[b] - e[a]) / (b - a) for a, b in spans], dtype=torch.float64))
+        else:
+            cols.append(torch.tensor([entropic_layer_score(x[a:b], m) for a, b in spans], dtype=torch.float64))
+    return torch.stack(cols, 1)
 
 
 def entropic_layer_score(states: torch.Tensor, manifold: Manifold, asymmetric: bool = True) -> float:
@@ -85,8 +123,8 @@ def layer_scores(caps: list[Capture], manifolds: dict[int, Manifold], kind: str 
     ``kind="energy"``: ``c_l`` (mean Mahalanobis energy); ``kind="entropic"``: the asymmetric
     entropic divergence of :func:`entropic_layer_score`.
     """
-    if kind not in SCORES:
-        raise ValueError(f"unknown chaos score '{kind}': choose from {', '.join(SCORES)}")
+    if kind not in CHAOS_SCORES:
+        raise ValueError(f"unknown chaos score '{kind}': choose from {', '.join(CHAOS_SCORES)}")
     rows = []
     for cap in caps:
         if kind == "energy":
