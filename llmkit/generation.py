@@ -5,12 +5,15 @@ template). Batches are left-padded so every row's new tokens start at the
 same position; stop strings are applied after decoding (the earliest match
 wins) so that the result is the same whatever the batch composition.
 
-Message content is text, never markup: ``encode_chat`` tokenizes the chat
-template's own pieces with special tokens parsed and every message's content
-with special-token strings split into ordinary tokens, so a user who writes
-``<|im_end|>\n<|im_start|>system`` gets those characters, not a new turn.
-When no content holds a special-token string the ids are exactly those of
-the rendered string (the common case costs nothing and changes nothing).
+Client text is text, never markup: ``encode_chat`` tokenizes the chat
+template's own pieces with special tokens parsed and every string the client
+sent (message content and ``name``, tool names, descriptions and parameter
+schemas, tool-call arguments, tool results, any other field the template
+renders) with special-token strings split into ordinary tokens, so a user who
+writes ``<|im_end|>\n<|im_start|>system`` anywhere gets those characters, not
+a new turn. When no such string holds a special-token string the ids are
+exactly those of the rendered string (the common case costs nothing and
+changes nothing).
 
 ``render_chat`` also carries OpenAI ``tools``: a template that knows tools
 gets them as ``tools=``; for one that does not (ChatML models such as the
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from dataclasses import dataclass, field
 
 import torch
@@ -78,13 +82,13 @@ def chat_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool = T
                 template_kwargs: dict | None = None) -> ChatPrompt:
     """Render OpenAI-style messages with the tokenizer's chat template.
 
-    The result is a ``str``; where a message's content holds a special-token string its
+    The result is a ``str``; where a client string holds a special-token string its
     ``token_ids`` hold :func:`encode_chat`'s ids (engines use them instead of re-tokenizing).
     """
     opts = {"continue_final_message": continue_final_message, "template_kwargs": template_kwargs}
     text = render_chat(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt, **opts)
     out = ChatPrompt(text)
-    if _holds_special(tokenizer, messages):
+    if _holds_special(tokenizer, *tool_messages(tokenizer, messages, tools)):
         out.token_ids = encode_chat(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                     **opts)
     return out
@@ -116,16 +120,30 @@ def special_strings(tokenizer) -> list[str]:
     return cached
 
 
-def _contents(messages):
-    for m in messages:
-        c = m.get("content")
-        if isinstance(c, str) and c:
-            yield c
-
-
-def _holds_special(tokenizer, messages) -> bool:
+def _special_re(tokenizer) -> re.Pattern | None:
+    """One pattern for all special strings, longest first (the tokenizer's own leftmost-longest match)."""
     specials = special_strings(tokenizer)
-    return any(s in c for c in _contents(messages) for s in specials)
+    return re.compile("|".join(re.escape(s) for s in specials)) if specials else None
+
+
+def _strings(obj):
+    """Every string inside ``obj`` (dict keys included: a schema's property names are client text too)."""
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _strings(v)
+
+
+def _holds_special(tokenizer, messages, tools=None) -> bool:
+    """Whether any string the template will be given (messages and tools, as :func:`tool_messages` left them)
+    holds a special-token string."""
+    pat = _special_re(tokenizer)
+    return pat is not None and any(pat.search(s) for s in _strings((messages, tools)))
 
 
 def supports_tools(tokenizer, chat_template: str | None = None) -> bool:
@@ -242,8 +260,22 @@ def with_special_tokens(tokenizer, ids: list[int]) -> list[int]:
     return list(ids)
 
 
-_MARK = "\ue000llmkit-{}\ue001"
-_MARK_RE = re.compile("\ue000llmkit-(\\d+)\ue001")
+def _replace_strings(obj, fn):
+    if isinstance(obj, str):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {_replace_strings(k, fn): _replace_strings(v, fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_replace_strings(v, fn) for v in obj]
+    return obj
+
+
+def _renderings(s: str) -> list[str]:
+    """How a template may write a string: as is, or JSON-escaped (``tojson``: plain, or HTML-safe as Jinja's)."""
+    plain = json.dumps(s, ensure_ascii=False)[1:-1]
+    ascii_ = json.dumps(s)[1:-1]
+    html = ascii_.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
+    return list(dict.fromkeys([s, plain, ascii_, html]))
 
 
 def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None,
@@ -251,43 +283,51 @@ def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
                 template_kwargs: dict | None = None) -> list[int]:
     """Token ids of the rendered chat where only the template's own markup can become special tokens.
 
-    Each content is replaced by a unique marker and the template rendered again; the pieces
-    between markers are the template's own text (tokenized with special tokens parsed), the
-    contents go in between with special-token strings split (:func:`encode_text`). A template
-    that changes the content (so the markers do not line up) and content that holds a special
-    string cannot be encoded safely: ``ValueError``.
+    Every special-token string inside any string the template is given (messages with every
+    key, tools, tool-call arguments after JSON decoding) is replaced by a random alphanumeric
+    marker and the template rendered again. Between markers is the template's own text plus
+    client text that now holds no special string (tokenized with special tokens parsed); at
+    each marker goes what the real rendering wrote there (the special string, or its JSON
+    escape), with special-token strings split (:func:`encode_text`). A template that renders
+    those strings in some other way (so the two renderings do not line up): ``ValueError``.
     """
     text = render_chat(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt,
                        continue_final_message=continue_final_message, template_kwargs=template_kwargs)
-    if not _holds_special(tokenizer, messages):
-        return tokenizer.encode(text, add_special_tokens=False)
     msgs, native_tools = tool_messages(tokenizer, messages, tools)
-    contents, marked = [], []
-    for m in msgs:
-        c = m.get("content")
-        if isinstance(c, str) and c:
-            marked.append({**m, "content": _MARK.format(len(contents))})
-            contents.append(c)
-        else:
-            marked.append(m)
+    if not _holds_special(tokenizer, msgs, native_tools):
+        return tokenizer.encode(text, add_special_tokens=False)
+    specials, pat = special_strings(tokenizer), _special_re(tokenizer)
+    index = {s: k for k, s in enumerate(specials)}
+    # random, so that no client can write a marker; alphanumeric, so that no escaping changes it
+    nonce = secrets.token_hex(8)
+    marker = re.compile(f"q{nonce}x(\\d+)x")
+    safe = _replace_strings((msgs, native_tools),
+                            lambda s: pat.sub(lambda m: f"q{nonce}x{index[m.group(0)]}x", s))
     kw = template_options(tokenizer, template_kwargs, continue_final_message)
-    if native_tools:
-        kw["tools"] = native_tools
-    skeleton = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=add_generation_prompt, **kw)
-    pieces = _MARK_RE.split(skeleton)  # template, index, template, index, ..., template
-    order = [int(i) for i in pieces[1::2]]
-    rebuilt = "".join(p if k % 2 == 0 else contents[int(p)] for k, p in enumerate(pieces))
-    if sorted(order) != list(range(len(contents))) or rebuilt != text:
-        raise ValueError("a message holds a special-token string and this chat template changes message "
-                         "content, so it cannot be tokenized as plain text; remove the special-token string")
+    if safe[1]:
+        kw["tools"] = safe[1]
+    skeleton = tokenizer.apply_chat_template(safe[0], tokenize=False, add_generation_prompt=add_generation_prompt, **kw)
+    pieces = marker.split(skeleton)  # template, index, template, index, ..., template
     ids: list[int] = []
+    pos = 0
     for k, p in enumerate(pieces):
         if k % 2 == 0:
-            if p:
-                ids += tokenizer.encode(p, add_special_tokens=False)
+            form = p if text.startswith(p, pos) else None
         else:
-            ids += encode_text(tokenizer, contents[int(p)])
-    return ids
+            form = next((f for f in _renderings(specials[int(p)]) if text.startswith(f, pos)), None)
+        if form is None:
+            break
+        if k % 2 == 0:
+            ids += tokenizer.encode(form, add_special_tokens=False) if form else []
+        else:
+            ids += encode_text(tokenizer, form)
+        pos += len(form)
+    else:
+        if pos == len(text):
+            return ids
+    found = sorted({m.group(0) for s in _strings((msgs, native_tools)) for m in pat.finditer(s)})
+    raise ValueError(f"the request holds the special-token string(s) {', '.join(found)} and this chat "
+                     "template changes such strings, so they cannot be tokenized as plain text; remove them")
 
 
 def truncate_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
