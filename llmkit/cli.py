@@ -30,6 +30,7 @@ COMMANDS = [
     "kernels",
     "select",
     "tune",
+    "doctor",
 ]
 
 
