@@ -132,8 +132,9 @@ def describe_privacy(mechanism, rr_epsilon: float, budget: float, source: str = 
         return (f"privacy: sentence-level mechanism over {k} public questions{source}; a cloud call releases one "
                 f"of them for the whole conversation at epsilon {eps:g} per query: any two queries, of any length, "
                 f"make each release at most e^{eps:g} = {math.exp(eps):.3g} times likelier; the nearest question is "
-                f"sent with probability {p:.2f}, another one at random otherwise; {bit}; a budget of {budget:g} "
-                f"pays for about {budget / (eps + rr_epsilon):.3g} cloud calls")
+                f"sent with probability {p:.2f}, another one at random otherwise"
+                + (" (under half the time: a smaller bank or a larger --query-epsilon raises it)" if p < 0.5 else "")
+                + f"; {bit}; a budget of {budget:g} pays for about {budget / (eps + rr_epsilon):.3g} cloud calls")
     e = mechanism.epsilon_per_token
     return (f"privacy: token-level mechanism at epsilon {e:g} per word piece: a 20-piece query costs {20 * e:g}, "
             f"and only queries of the same length are protected, each pair up to a factor e^{20 * e:g}"
@@ -185,6 +186,6 @@ def run(args) -> int:
     print("clients must send Authorization: Bearer <proxy key>" if key else
           f"no --proxy-api-key: anyone who can reach {args.host}:{args.port} can spend and read this budget",
           flush=True)
-    app = build_proxy_app(cache, force_model=args.model, api_key=key)
+    app = build_proxy_app(cache, force_model=args.model, proxy_api_key=key)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

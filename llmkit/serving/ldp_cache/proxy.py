@@ -6,7 +6,10 @@ non-assistant messages are the private query; earlier assistant turns are droppe
 (or perturbed and charged, with the cache's ``assistant_turns="perturb"``): they
 derive from private text and are never sent as they are. The answer comes from the
 cache or from the upstream (perturbed messages only). Each answer carries an ``ldp`` object
-(cache_hit, epsilon, spent, remaining) and ``X-LDP-*`` headers. When the next
+(cache_hit, epsilon, spent, remaining, budget, similarity, dropped) and the headers
+``X-LDP-Cache``, ``X-LDP-Epsilon`` (what this answer cost), ``X-LDP-Spent``,
+``X-LDP-Remaining`` and ``X-LDP-Budget``; a refusal carries the last three and
+``X-LDP-Needed``. When the next
 query could exceed the user's budget the proxy answers HTTP 429 with an
 OpenAI-style error (type ``insufficient_quota``, code ``privacy_budget_exceeded``),
 the way OpenAI reports exhausted credit, and sends nothing upstream.
@@ -20,7 +23,7 @@ proxy's forced model: a free-form string could carry text) and the sampling numb
 (``name``, ``tool_calls``, ``tool_call_id``, ...) stays on the device; the answer's
 ``ldp.dropped`` lists them, so an app can see what the upstream did not get.
 
-With ``api_key`` every route but ``/health`` needs ``Authorization: Bearer <key>``
+With ``proxy_api_key`` every route but ``/health`` needs ``Authorization: Bearer <key>``
 (compared in constant time), so another local user cannot spend or probe the budget.
 """
 
@@ -69,14 +72,14 @@ def _ldp_headers(spent: float, remaining: float, budget: float) -> dict:
 
 
 def build_proxy_app(cache, model_name: str = "ldp-proxy", force_model: str | None = None,
-                    api_key: str | None = None) -> FastAPI:
+                    proxy_api_key: str | None = None) -> FastAPI:
     """``force_model`` replaces the model named in requests (else requests choose among the upstream's
-    models); ``api_key``: the bearer key clients must send (None: no authentication)."""
-    if api_key is not None and not api_key:
+    models); ``proxy_api_key``: the bearer key clients must send (None: no authentication)."""
+    if proxy_api_key is not None and not proxy_api_key.strip():
         raise ValueError("the proxy API key is empty")
     app = FastAPI(title="llmkit ldp-proxy", docs_url=None, redoc_url=None)
     app.state.cache = cache
-    want = _digest(api_key) if api_key else None
+    want = _digest(proxy_api_key.strip()) if proxy_api_key else None
     listed: list[str] = []
     listed_lock = threading.Lock()
 

@@ -143,7 +143,7 @@ def test_without_the_proxy_key_nothing_is_spent_or_probed(tmp_path, monkeypatch)
 
     up = FakeUpstream()
     cache = make_cache(up, tmp_path)
-    app = build_proxy_app(cache, api_key="s3cret-key")
+    app = build_proxy_app(cache, proxy_api_key="s3cret-key")
     c = TestClient(app)
     msgs = [{"role": "user", "content": "how many apples"}]
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-key"},
@@ -162,7 +162,7 @@ def test_without_the_proxy_key_nothing_is_spent_or_probed(tmp_path, monkeypatch)
     assert chat(c, msgs, headers=ok).status_code == 200 and calls  # the key is compared in constant time
     assert c.get("/v1/ldp/budget", headers=ok).json()["spent"] > 0
     with pytest.raises(ValueError, match="empty"):
-        build_proxy_app(cache, api_key="")
+        build_proxy_app(cache, proxy_api_key=" ")
     with BackgroundServer(app) as proxy:  # an unchanged OpenAI client sees the usual authentication error
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=proxy.url + "/v1", api_key="wrong", max_retries=0).chat.completions.create(
@@ -271,3 +271,13 @@ def test_the_cli_says_what_the_sentence_setting_means_and_serves_it(no_server, c
     r = chat(c, msgs, headers={"Authorization": "Bearer env-key"})
     assert r.status_code == 200 and r.json()["ldp"]["epsilon"] == pytest.approx(6.0)
     assert up.seen[0]["messages"][0]["content"] in BANK
+
+
+def test_the_startup_line_says_when_a_setting_means_little():
+    from llmkit.commands.ldp_proxy import describe_privacy
+
+    token = describe_privacy(token_mech(36.0), 3.0, 50.0)
+    assert "a 20-piece query costs 720" in token and "no meaningful guarantee" in token
+    big_bank = describe_privacy(CandidateMechanism([f"question {i}" for i in range(2000)], HashEmbedder(), 6.0),
+                                3.0, 50.0)
+    assert "under half the time" in big_bank and "about 5.56 cloud calls" in big_bank
