@@ -31,6 +31,11 @@ What contains it (each piece is exercised by ``tests/test_tools_sandbox.py`` and
   kills the namespace's PID 1, and the kernel then kills every process left in the PID namespace, so a child
   that double-forks cannot outlive the call.
 
+:func:`spawn_python` starts a longer-lived program in the same sandbox for callers that talk to it (the kernel
+verifier): it adds read-only binds of host folders the program needs (a site-packages folder, the library's own
+source), and on a GPU host the NVIDIA/ROCm device nodes (:func:`gpu_device_nodes`) and nothing else. The caller
+exchanges data through the program's stdin, a result pipe and files in its read-only input folder.
+
 Not covered: kernel exploits (namespaces share the host kernel), CPU side channels, and the CPU time the code
 burns before its limits hit (a call costs at most ``timeout`` seconds of wall time and ``cpu_seconds`` of CPU).
 
@@ -65,6 +70,9 @@ __all__ = [
     "check_available",
     "run_calls",
     "run_function",
+    "gpu_device_nodes",
+    "spawn_python",
+    "Spawned",
 ]
 
 
@@ -75,7 +83,7 @@ class SandboxUnavailable(RuntimeError):
 @dataclass
 class Limits:
     timeout: float = 5.0          # wall-clock seconds for the whole sandbox run (per call in run_calls)
-    memory_mb: int = 512          # address space (RLIMIT_AS)
+    memory_mb: int | None = 512   # address space (RLIMIT_AS); None: no cap (CUDA reserves huge address ranges)
     cpu_seconds: int | None = None  # RLIMIT_CPU; default: ceil(timeout) + 1
     nproc: int = 16               # processes/threads inside the sandbox's user namespace
     fsize_mb: int = 16            # largest file the code may write (RLIMIT_FSIZE)
@@ -201,7 +209,17 @@ def _python() -> tuple[str, str]:
     return exe, prefix
 
 
-def _bwrap_argv(bwrap: str, indir: str, limits: Limits) -> list[str]:
+def gpu_device_nodes() -> list[str]:
+    """The NVIDIA and ROCm device nodes present on this host (none on a machine without a GPU)."""
+    import glob
+
+    pats = ("/dev/nvidia[0-9]*", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
+            "/dev/nvidia-caps/*", "/dev/kfd", "/dev/dri/card[0-9]*", "/dev/dri/renderD[0-9]*")
+    return sorted({p for pat in pats for p in glob.glob(pat) if os.path.exists(p)})
+
+
+def _bwrap_argv(bwrap: str, indir: str, limits: Limits, *, ro_binds=(), devices=(), env=None,
+                program=("/sandbox/in/runner.py",)) -> list[str]:
     exe, prefix = _python()
     argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL", "--hostname", "sandbox",
@@ -216,16 +234,22 @@ def _bwrap_argv(bwrap: str, indir: str, limits: Limits) -> list[str]:
         argv += ["--ro-bind", prefix, prefix]
     if not exe.startswith(prefix) and not exe.startswith("/usr/"):
         argv += ["--ro-bind", exe, exe]
+    for path in ro_binds:  # at the host's own path, so the same program runs unchanged with unsafe=True
+        argv += ["--ro-bind", path, path]
     size = str(limits.disk_mb * 1024 * 1024)
-    argv += ["--proc", "/proc", "--dev", "/dev",
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    for node in devices:
+        argv += ["--dev-bind", node, node]
+    argv += [
              "--size", size, "--tmpfs", "/tmp",
              "--dir", "/sandbox", "--ro-bind", indir, "/sandbox/in",
              "--size", size, "--tmpfs", "/sandbox/work",
              "--chdir", "/sandbox/work",
              "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/sandbox/work",
-             "--setenv", "PYTHONHASHSEED", "0", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-             exe, "-I", "-S", "-B", "/sandbox/in/runner.py"]
-    return argv
+             "--setenv", "PYTHONHASHSEED", "0", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
+    for k, v in (env or {}).items():
+        argv += ["--setenv", k, v]
+    return argv + [exe, "-I", "-S", "-B", *program]
 
 
 def _set_limits(limits: Limits, cpu: int, cgroup: str | None):
@@ -237,10 +261,12 @@ def _set_limits(limits: Limits, cpu: int, cgroup: str | None):
             with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
         mb = 1024 * 1024
-        for res, val in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, limits.memory_mb * mb),
+        for res, val in ((resource.RLIMIT_CPU, cpu),
+                         (resource.RLIMIT_AS, None if limits.memory_mb is None else limits.memory_mb * mb),
                          (resource.RLIMIT_FSIZE, limits.fsize_mb * mb),
                          (resource.RLIMIT_NOFILE, limits.nofile), (resource.RLIMIT_CORE, 0)):
-            resource.setrlimit(res, (val, val))
+            if val is not None:
+                resource.setrlimit(res, (val, val))
     return apply
 
 
@@ -462,3 +488,103 @@ def run_function(code: str, function: str, args=None, limits: Limits | None = No
     if memory_mb is not None:
         limits.memory_mb = int(memory_mb)
     return run_calls(code, function, [args if args is not None else {}], limits, unsafe=unsafe)[0]
+
+
+class Spawned:
+    """A program running in the sandbox (see :func:`spawn_python`).
+
+    ``proc``: the process (its stdin is a pipe the caller writes to); ``results``: the read end of the program's
+    result pipe (raw, binary); ``log_tail()``: the end of what it wrote to stdout/stderr (a host file, capped by
+    ``fsize_mb``). ``close()`` kills the whole process group and removes its cgroup; it is a context manager.
+    """
+
+    def __init__(self, proc: subprocess.Popen, results, log_path: str, cgroup: str | None, tmp):
+        self.proc, self.results, self._log, self._cgroup, self._tmp = proc, results, log_path, cgroup, tmp
+
+    def log_tail(self, lines: int = 6) -> list[str]:
+        try:
+            with open(self._log, "rb") as f:
+                f.seek(max(0, os.path.getsize(self._log) - 8192))
+                return f.read().decode("utf-8", errors="replace").strip().splitlines()[-lines:]
+        except OSError:
+            return []
+
+    def kill(self):
+        _kill(self.proc)
+
+    def close(self):
+        if self.proc.poll() is None:
+            _kill(self.proc)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            _kill(self.proc)
+            self.proc.wait()
+        for f in (self.proc.stdin, self.results):
+            try:
+                f.close()
+            except (OSError, ValueError):  # a broken pipe on a program that died with unread input
+                pass
+        _remove_cgroup(self._cgroup)
+        self._tmp.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def spawn_python(script: str, args: list[str], indir: str, limits: Limits | None = None, *, ro_binds=(),
+                 devices=(), env: dict | None = None, unsafe: bool = False) -> Spawned:
+    """Start ``python -I -S -B script *args`` in the sandbox and return at once (a :class:`Spawned`).
+
+    ``indir`` (the caller's folder) is bound read-only at ``/sandbox/in``; files the caller adds to it later are
+    seen inside. ``ro_binds``: host folders or files bound read-only at their own paths (so ``script`` may live in
+    one). ``devices``: device nodes to bind (see :func:`gpu_device_nodes`); nothing else of ``/dev`` is the
+    host's. ``env``: variables set on top of the cleared environment. In ``args`` and ``env`` values, ``{in}``,
+    ``{work}`` and ``{result_fd}`` become the input folder, the private working folder and the number of the
+    result pipe's write end. The program sets RLIMIT_NPROC itself (see :func:`_set_limits`); the caller enforces
+    ``limits.timeout`` (by ``close()``). Raises :class:`SandboxUnavailable` unless the sandbox works or ``unsafe``.
+    """
+    limits = limits or Limits()
+    bwrap = None
+    if not unsafe:
+        ok, info = check_available()
+        if not ok:
+            raise SandboxUnavailable(f"{info}. Refusing to run untrusted code unconfined; pass unsafe=True "
+                                     "(--unsafe-no-sandbox) to run it without isolation at your own risk.")
+        bwrap = info
+    tmp = tempfile.TemporaryDirectory(prefix="llmkit-spawn-")
+    work = os.path.join(tmp.name, "work")
+    os.mkdir(work)
+    rfd_r, rfd_w = os.pipe()
+    places = {"in": indir if unsafe else "/sandbox/in", "work": work if unsafe else "/sandbox/work",
+              "result_fd": str(rfd_w)}
+    args = [a.format(**places) for a in args]
+    env = {k: v.format(**places) for k, v in (env or {}).items()}
+    os.chmod(indir, 0o755)
+    if unsafe:
+        exe, _ = _python()
+        argv = [exe, "-I", "-S", "-B", script, *args]
+        env = {"PATH": "/usr/bin:/bin", "HOME": work, "PYTHONHASHSEED": "0", **env}
+        cwd = work
+    else:
+        argv = _bwrap_argv(bwrap, indir, limits, ro_binds=ro_binds, devices=devices, env=env, program=(script, *args))
+        env, cwd = {}, tmp.name
+    cpu = limits.cpu_seconds or int(limits.timeout) + 1
+    cgroup = _make_pids_cgroup(limits.nproc) if os.geteuid() == 0 else None
+    log_path = os.path.join(tmp.name, "log.txt")
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                                    pass_fds=(rfd_w,), env=env, cwd=cwd, start_new_session=True,
+                                    preexec_fn=_set_limits(limits, cpu, cgroup))  # noqa: PLW1509
+    except BaseException:
+        os.close(rfd_r)
+        _remove_cgroup(cgroup)
+        tmp.cleanup()
+        raise
+    finally:
+        os.close(rfd_w)
+    return Spawned(proc, os.fdopen(rfd_r, "rb", buffering=0), log_path, cgroup, tmp)

@@ -2,10 +2,10 @@
 
 ``time_gpu(fn)``: warm-up calls, then ``repeats`` timed calls, each bracketed by CUDA events
 and preceded by a write of a buffer larger than L2 (so no call is timed with the previous call's
-data still cached), median in milliseconds. ``speedups`` compares a candidate with eager PyTorch
-and ``torch.compile`` of the reference in the same process; a speedup above ``SUSPICIOUS``
-(10x) is flagged, not trusted: it usually means the candidate skipped work (caching, a wrong
-shape) rather than found it.
+data still cached), median in milliseconds. ``speedups`` compares a candidate's time (measured
+in its own sandboxed process) with eager PyTorch and ``torch.compile`` of the reference, timed in
+the verifier's; a speedup above ``SUSPICIOUS`` (10x) is flagged, not trusted: it usually means
+the candidate skipped work (caching, a wrong shape) rather than found it.
 """
 
 from __future__ import annotations
@@ -38,14 +38,16 @@ def time_gpu(fn, warmup: int = 5, repeats: int = 20) -> float | None:
     return statistics.median(times)
 
 
-def speedups(candidate, reference, inputs, compile_reference: bool = True) -> dict:
-    """{ms_candidate, ms_eager, ms_compile, speedup, speedup_vs_compile, suspicious}; None values on CPU."""
-    out = {"ms_candidate": None, "ms_eager": None, "ms_compile": None, "speedup": None, "speedup_vs_compile": None,
-           "suspicious": False}
+def speedups(candidate_ms: float | None, reference, inputs, compile_reference: bool = True) -> dict:
+    """{ms_candidate, ms_eager, ms_compile, speedup, speedup_vs_compile, suspicious}; None values on CPU.
+
+    ``candidate_ms`` is measured with :func:`time_gpu` in the candidate's own (sandboxed) process; the
+    reference and its ``torch.compile`` are timed here, on the same device."""
+    out = {"ms_candidate": candidate_ms, "ms_eager": None, "ms_compile": None, "speedup": None,
+           "speedup_vs_compile": None, "suspicious": False}
     if not torch.cuda.is_available():
         return out
     with torch.no_grad():
-        out["ms_candidate"] = time_gpu(lambda: candidate(*inputs))
         out["ms_eager"] = time_gpu(lambda: reference(*inputs))
         if compile_reference:
             try:

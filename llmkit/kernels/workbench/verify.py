@@ -37,10 +37,14 @@ from __future__ import annotations
 import ast
 import json
 import os
-import signal
-import subprocess
+import secrets
+import select
+import struct
 import sys
 import tempfile
+import threading
+import time
+import uuid
 from pathlib import Path
 
 PRECISIONS = {
@@ -205,17 +209,37 @@ def static_check(source: str, ref_path: Path | None = None) -> tuple[list[str], 
 
 # ---------------------------------------------------------------------------- the public entry
 
+# the verdict's checks: decided in the verifier's own process, or observed inside the candidate's (best-effort)
+CHECKS_OUTSIDE = ("static_source_check", "values_match_reference_on_fresh_inputs_and_unannounced_shapes",
+                  "finite_outputs", "not_constant_or_zero", "not_cached_across_calls", "timeout")
+CHECKS_BEST_EFFORT = ("no_torch_fallback", "triton_kernel_launched", "inputs_unmodified", "outputs_do_not_alias_inputs",
+                      "verifier_not_tampered_with", "compiles_for_arch", "strategies", "speedup")
+FRAME_CAP = 256 * 1024 * 1024  # bytes one answer of the candidate's process may take
+_RNG_LOCK = threading.Lock()  # verify() runs in threads (generate, bench): seeding and drawing stay paired
+
+
+class _Stop(Exception):
+    """The candidate's process timed out, died or broke the protocol (the message says which)."""
+
+    def __init__(self, msg: str, timed_out: bool = False):
+        super().__init__(msg)
+        self.timed_out = timed_out
+
 
 def verify(ref: str | Path, candidate: str | Path, arch: str = "hopper", precision: str = "bf16", *,
            trials: int = 2, timeout: float = 300.0, timing: bool = True,
-           strategies_for: tuple[str, ...] = ()) -> dict:
+           strategies_for: tuple[str, ...] = (), unsafe: bool = False) -> dict:
     """Verify ``candidate`` (defines ``ModelNew`` + Triton kernels) against ``ref`` (defines ``Model``).
 
     Returns ``{"compiled", "correct", "max_abs_err", "max_rel_err", "strategies", "speedup",
-    "reasons", ...}``. Raises :class:`VerifyInputError` when the reference or arguments are unusable;
-    every problem of the candidate (syntax, torch fallback, wrong, slow, hangs) is a result.
-    ``strategies_for``: more architectures to compile for; their findings go to ``strategies_by_arch``.
+    "reasons", "checks", "sandboxed", "flags", ...}``. Raises :class:`VerifyInputError` when the
+    reference or arguments are unusable, and :class:`llmkit.tools.sandbox.SandboxUnavailable` when
+    the sandbox cannot run here and ``unsafe`` is not set; every problem of the candidate (syntax,
+    torch fallback, wrong, slow, hangs, escapes) is a result. ``strategies_for``: more
+    architectures to compile for; their findings go to ``strategies_by_arch``.
     """
+    from llmkit.tools import sandbox
+
     from .compiled import ARCHS
 
     ref, candidate = Path(ref), Path(candidate)
@@ -227,7 +251,15 @@ def verify(ref: str | Path, candidate: str | Path, arch: str = "hopper", precisi
         if not p.is_file():
             raise VerifyInputError(f"{what} file not found: {p}")
     check_reference_source(ref)
+    if not unsafe:
+        ok, why = sandbox.check_available()
+        if not ok:
+            raise sandbox.SandboxUnavailable(f"{why}. Refusing to run a candidate kernel unconfined; pass "
+                                             "--unsafe-no-sandbox (unsafe=True) to run it without isolation.")
     result = _empty_result(arch, precision)
+    result["sandboxed"] = not unsafe
+    if unsafe:
+        result["flags"].append("unsandboxed")
     problems, kernels = static_check(candidate.read_text(), ref)
     result["kernels"] = kernels
     if problems:
@@ -235,67 +267,52 @@ def verify(ref: str | Path, candidate: str | Path, arch: str = "hopper", precisi
         # a candidate that does not parse or has no kernel cannot be run meaningfully
         if any(p.startswith(("candidate does not parse", "candidate defines no", "candidate has no")) for p in problems):
             return result
-    with tempfile.TemporaryDirectory(prefix="llmkit-verify-") as tmp:
-        out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "llmkit.kernels.workbench.verify", "--worker", str(ref.resolve()),
-               str(candidate.resolve()), arch, precision, str(trials), "1" if timing else "0", str(out),
-               ",".join(a for a in strategies_for if a != arch)]
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[3])] +
-                                            [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-        try:
-            _, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            result["reasons"].append(f"timed out after {timeout:g} s (infinite loop or far too slow); killed")
-            result["timed_out"] = True
-            return result
-        if not out.is_file():
-            tail = (err or "").strip().splitlines()[-6:]
-            result["reasons"].append(f"worker crashed (exit {proc.returncode}): " + " | ".join(tail))
-            return result
-        worker = json.loads(out.read_text())
-    worker["reasons"] = result["reasons"] + worker["reasons"]
+    _Trial(ref, candidate, result, trials=trials, timeout=timeout, timing=timing,
+           extra_archs=[a for a in strategies_for if a != arch], unsafe=unsafe).run()
     if problems:
-        worker["correct"] = False
-    worker["kernels"] = kernels
-    return worker
+        result["correct"] = False
+    result["reasons"] = list(dict.fromkeys(result["reasons"]))  # de-duplicated, order kept
+    return result
 
 
 def _empty_result(arch, precision) -> dict:
     return {"compiled": False, "correct": False, "max_abs_err": None, "max_rel_err": None, "strategies": [],
             "speedup": None, "reasons": [], "arch": arch, "precision": precision, "speedup_vs_compile": None,
-            "shapes_checked": 0, "launched": []}
+            "shapes_checked": 0, "launched": [], "sandboxed": True, "flags": [],
+            "checks": {"outside": list(CHECKS_OUTSIDE), "best_effort": list(CHECKS_BEST_EFFORT)}}
 
 
-# ---------------------------------------------------------------------------- the worker
+# ---------------------------------------------------------------------------- the trusted side
 
 
-def _load(path: Path, name: str):
+def _load(path: Path):
+    """The reference as a fresh module object (not left in sys.modules: verify() may run in threads)."""
     import importlib.util
 
+    name = f"_llmkit_reference_{uuid.uuid4().hex}"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    sys.modules[name] = mod  # dataclasses and the like look their module up while it executes
+    try:
+        spec.loader.exec_module(mod)
+    except Exception as e:  # noqa: BLE001 - the user's reference is unusable
+        raise VerifyInputError(f"reference {path} failed to import: {type(e).__name__}: {e}") from e
+    finally:
+        sys.modules.pop(name, None)
     return mod
 
 
-def _shape_variants(ref_mod) -> list[dict]:
-    """Module-level int sizes that get_inputs() reads, and variants of them: the example, then a
-    smaller non-power-of-two and a larger one (each size s -> s//2 + 1, and s + s//4 + 3)."""
+def _shape_variants(ref_mod, rng) -> list[dict]:
+    """Module-level int sizes that get_inputs() reads, and variants of them the candidate cannot know in
+    advance: the example, then each size s drawn afresh from [s//2 + 1, s - 1] and from [s + 1, s + s//4 + 3]."""
     code = ref_mod.get_inputs.__code__
     fixed = set(ref_mod.get_init_inputs.__code__.co_names)  # sizes that shape the model stay
     sizes = {n: getattr(ref_mod, n) for n in code.co_names if n not in fixed
              and isinstance(getattr(ref_mod, n, None), int) and not isinstance(getattr(ref_mod, n), bool)}
     variants = [{}]
     if sizes:
-        variants.append({n: v // 2 + 1 for n, v in sizes.items() if v > 1})
-        variants.append({n: v + v // 4 + 3 for n, v in sizes.items() if v > 1})
+        variants.append({n: rng.randint(v // 2 + 1, v - 1) if v > 2 else v - 1 for n, v in sizes.items() if v > 1})
+        variants.append({n: rng.randint(v + 1, v + v // 4 + 3) for n, v in sizes.items() if v > 1})
     return variants
 
 
@@ -321,14 +338,15 @@ def _timing_reference(model, dtype):
     return copy.deepcopy(model).to(dtype)
 
 
-def _timed(candidate, model, inputs, dtype, speedups_fn) -> dict:
+def _timed(candidate_ms, model, inputs, dtype, speedups_fn) -> dict:
     """Result fields of the speedup measurement (``speedup``, ``speedup_vs_compile``, ``timing``).
 
-    A failure while timing (the reference, ``torch.compile``, a CUDA error) does not undo the
-    verdict on correctness: it is recorded as ``timing_error`` with ``speedup`` null, never raised.
+    ``candidate_ms`` was measured in the candidate's process; the reference is timed here. A failure
+    while timing (the reference, ``torch.compile``, a CUDA error) does not undo the verdict on
+    correctness: it is recorded as ``timing_error`` with ``speedup`` null, never raised.
     """
     try:
-        sp = speedups_fn(candidate, _timing_reference(model, dtype), [_cast(x, dtype) for x in inputs])
+        sp = speedups_fn(candidate_ms, _timing_reference(model, dtype), [_cast(x, dtype) for x in inputs])
     except Exception as e:  # noqa: BLE001 - reported in the result, the verification itself ran
         return {"speedup": None, "speedup_vs_compile": None, "timing_error": f"{type(e).__name__}: {str(e)[-300:]}"}
     return {"speedup": sp["speedup"], "speedup_vs_compile": sp["speedup_vs_compile"], "timing": sp}
@@ -344,183 +362,314 @@ def _flat(out):
     return []
 
 
-def _worker(ref_path, cand_path, arch, precision, trials, timing, out_path, extra_archs=()) -> None:
+def _same_bits(a, b) -> bool:
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    from . import compiled as C
-    from .taxonomy import load_taxonomy
-    from .timing import SUSPICIOUS, speedups
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
 
-    res = _empty_result(arch, precision)
-    dtype_name, rtol = PRECISIONS[precision]
-    dtype = getattr(torch, dtype_name) if dtype_name else None
-    device = "cuda" if torch.cuda.is_available() else "cpu"
 
-    def finish():
-        Path(out_path).write_text(json.dumps(res))
+def compare(outs: list, refs: list, rtol: float, where: str = "example") -> tuple[list[str], float, float]:
+    """(problems, max abs err, max rel err) of candidate outputs against the reference's, in this process.
 
-    ref_mod = _load(Path(ref_path), "_llmkit_reference")
-    try:
-        cand_mod = _load(Path(cand_path), "_llmkit_candidate")
-    except Exception as e:  # noqa: BLE001 - any import failure of the candidate is a result
-        res["reasons"].append(f"candidate failed to import: {type(e).__name__}: {e}")
-        return finish()
-    if not hasattr(cand_mod, "ModelNew"):
-        res["reasons"].append("candidate defines no ModelNew")
-        return finish()
+    ``|out - ref| <= atol + rtol * |ref|`` with ``atol = rtol * mean|ref|``; a non-finite output where
+    the reference is finite (NaN fills), a non-finite reference value not matched exactly, all-zero
+    or constant outputs where the reference varies are problems.
+    """
+    import torch
 
-    init = ref_mod.get_init_inputs()
-    torch.manual_seed(0)
-    model = ref_mod.Model(*init).to(device).eval()
-    torch.manual_seed(0)
-    try:
-        new = cand_mod.ModelNew(*init).to(device).eval()
-    except Exception as e:  # noqa: BLE001
-        res["reasons"].append(f"ModelNew(*get_init_inputs()) failed: {type(e).__name__}: {e}")
-        return finish()
-    sd = model.state_dict()
-    if sd and set(sd) == set(new.state_dict()):
-        new.load_state_dict(sd)
-    if dtype is not None:
-        new = new.to(dtype)
+    problems, max_abs, max_rel = [], 0.0, 0.0
+    if len(outs) != len(refs) or any(not isinstance(o, torch.Tensor) or o.shape != r.shape for o, r in zip(outs, refs)):
+        shapes = [tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__ for o in outs]
+        return [f"output shapes {shapes} != reference {[tuple(r.shape) for r in refs]} on shape {where}"], max_abs, max_rel
+    for o, r in zip(outs, refs):
+        o, r = o.detach().float().cpu(), r.detach().float().cpu()
+        fin = torch.isfinite(r)
+        if bool((~torch.isfinite(o) & fin).any()):
+            problems.append(f"non-finite output where the reference is finite on shape {where}")
+            continue
+        if not bool((fin | (o == r) | (o.isnan() & r.isnan())).all()):
+            problems.append(f"non-finite reference values not matched on shape {where}")
+            continue
+        o, r = torch.where(fin, o, 0.0), torch.where(fin, r, 0.0)
+        atol = rtol * float(r.abs().mean()) + 1e-6 if r.numel() else 1e-6
+        diff = (o - r).abs()
+        if diff.numel():
+            max_abs = max(max_abs, float(diff.max()))
+            max_rel = max(max_rel, float((diff / (r.abs() + atol)).max()))
+        if r.numel() > 1 and float(r.std()) > 0:
+            if float(o.abs().max()) == 0.0:
+                problems.append("output is all zeros where the reference is not")
+            elif float(o.std()) == 0.0:
+                problems.append("output is constant where the reference is not")
+        outside = diff > atol + rtol * r.abs()
+        if bool(outside.any()):
+            problems.append(f"wrong result on shape {where}: {int(outside.sum())} of {diff.numel()} elements outside "
+                            f"tolerance (max abs err {float(diff.max()):.3g})")
+    return problems, max_abs, max_rel
 
-    class Fallback(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = set()
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not C._rec.in_launch:
-                name = func.overloadpacket.__name__.rstrip("_") if hasattr(func, "overloadpacket") else str(func)
-                base = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else name
-                if base not in ALLOWED_ATEN and name not in ALLOWED_ATEN:
-                    self.ops.add(base)
-            return func(*args, **(kwargs or {}))
+class _Trial:
+    """One verification: the candidate's sandboxed process on one side, the reference and the judging here."""
 
-    max_abs = max_rel = 0.0
-    all_ok = True
-    launches_seen: list = []
-    prev_outs = prev_refs = None
-    fallback_ops: set = set()
-    variants = _shape_variants(ref_mod)
-    originals = {n: getattr(ref_mod, n) for v in variants for n in v}
-    n_checked = 0
-    try:
-        for vi, variant in enumerate(variants):
-            for n, v in variant.items():
-                setattr(ref_mod, n, v)
-            # the example shape always gets two calls on different inputs: a result cached per shape shows
-            for t in range(max(trials, 2) if vi == 0 else trials):
-                torch.manual_seed(1000 * vi + t + 1)
-                try:
-                    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in ref_mod.get_inputs()]
-                except Exception as e:  # noqa: BLE001 - the reference cannot make this variant: skip it
-                    res["reasons"].append(f"shape variant {variant} skipped: get_inputs failed ({e})")
-                    break
-                cand_in = [_cast(x.clone(), dtype) if isinstance(x, torch.Tensor) else x for x in inputs]
-                mode = Fallback()
-                try:
-                    with C.capture(interpret=device == "cpu") as launches, torch.no_grad(), mode:
-                        outs = [o.detach().clone() for o in _flat(new(*cand_in))]
-                except Exception as e:  # noqa: BLE001
-                    res["reasons"].append(f"ModelNew failed on shape {variant or 'example'}: {type(e).__name__}: "
-                                          f"{str(e)[-300:]}")
-                    all_ok = False
-                    break
-                launches_seen += launches
-                fallback_ops |= mode.ops
-                try:
-                    with torch.no_grad():  # the reference runs after the candidate, on its own copies
-                        refs = [r.detach().float() for r in _flat(model(*[_cast(x.clone(), dtype).float()
-                                                                          if isinstance(x, torch.Tensor) and dtype
-                                                                          else x for x in inputs]))]
-                except Exception as e:  # noqa: BLE001 - the reference itself cannot run this variant
-                    res["reasons"].append(f"shape variant {variant} skipped: the reference failed ({e})")
-                    break
-                n_checked += 1
-                if len(outs) != len(refs) or any(o.shape != r.shape for o, r in zip(outs, refs)):
-                    res["reasons"].append(f"output shapes {[tuple(o.shape) for o in outs]} != reference "
-                                          f"{[tuple(r.shape) for r in refs]} on shape {variant or 'example'}")
-                    all_ok = False
-                    continue
-                for o, r in zip(outs, refs):
-                    o = o.float()
-                    atol = rtol * float(r.abs().mean()) + 1e-6
-                    diff = (o - r).abs()
-                    if not torch.isfinite(o).all():
-                        res["reasons"].append(f"non-finite output on shape {variant or 'example'}")
-                        all_ok = False
-                        continue
-                    max_abs = max(max_abs, float(diff.max()))
-                    max_rel = max(max_rel, float((diff / (r.abs() + atol)).max()))
-                    if float(r.std()) > 0 if r.numel() > 1 else False:
-                        if float(o.abs().max()) == 0.0:
-                            res["reasons"].append("output is all zeros where the reference is not")
-                            all_ok = False
-                        elif o.numel() > 1 and float(o.std()) == 0.0:
-                            res["reasons"].append("output is constant where the reference is not")
-                            all_ok = False
-                    if not bool((diff <= atol + rtol * r.abs()).all()):
-                        bad = int((diff > atol + rtol * r.abs()).sum())
-                        res["reasons"].append(f"wrong result on shape {variant or 'example'} trial {t}: {bad} of "
-                                              f"{diff.numel()} elements outside tolerance (max abs err "
-                                              f"{float(diff.max()):.3g})")
-                        all_ok = False
-                if prev_outs is not None and len(prev_outs) == len(outs):
-                    same_out = all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(prev_outs, outs))
-                    same_ref = all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(prev_refs, refs))
-                    if same_out and not same_ref:
-                        res["reasons"].append("output did not change when the inputs did (cached result)")
-                        all_ok = False
-                prev_outs, prev_refs = outs, refs
-    finally:
-        for n, v in originals.items():
-            setattr(ref_mod, n, v)
-    res["shapes_checked"] = n_checked
-    res["max_abs_err"], res["max_rel_err"] = max_abs, max_rel
-    if fallback_ops:
-        res["reasons"].append("torch fallback: ModelNew.forward computes with torch ops " + ", ".join(sorted(fallback_ops)))
-        all_ok = False
-    if not launches_seen:
-        res["reasons"].append("no Triton kernel was launched")
-        all_ok = False
-    res["launched"] = sorted({L.name for L in launches_seen})
-    # compile every distinct kernel (first launch of each) for the target and look for strategies
-    tax = load_taxonomy(arch)
-    found, compiled_ok, firsts = set(), bool(launches_seen), {}
-    for L in launches_seen:
-        firsts.setdefault(L.name, L)
-    for L in firsts.values():
+    def __init__(self, ref: Path, candidate: Path, result: dict, *, trials, timeout, timing, extra_archs, unsafe):
+        self.ref, self.candidate, self.res = ref, candidate, result
+        self.trials, self.timeout, self.timing, self.extra_archs, self.unsafe = (trials, timeout, timing,
+                                                                                extra_archs, unsafe)
+        self.deadline = time.monotonic() + timeout
+        self.k = 0
+
+    # -- the channel to the candidate's process
+    def _send(self, line: str):
         try:
-            found |= set(tax.found(C.compile_launch(L, arch)))
-        except Exception as e:  # noqa: BLE001
-            compiled_ok = False
-            res["reasons"].append(f"{L.name} does not compile for {arch}: {type(e).__name__}: {str(e)[-300:]}")
-    res["compiled"] = compiled_ok
-    res["strategies"] = sorted(found)
-    res["strategies_by_arch"] = {arch: sorted(found)}
-    for other in extra_archs:
-        got = set()
-        for L in firsts.values():
-            try:
-                got |= set(load_taxonomy(other).found(C.compile_launch(L, other)))
-            except Exception as e:  # noqa: BLE001 - reported, does not change the verdict for --arch
-                res.setdefault("compile_errors", {})[other] = f"{L.name}: {type(e).__name__}: {str(e)[-200:]}"
-        res["strategies_by_arch"][other] = sorted(got)
-    res["correct"] = bool(all_ok and n_checked > 0)
-    res["reasons"] = list(dict.fromkeys(res["reasons"]))  # de-duplicated, order kept
-    if timing and res["correct"] and device == "cuda":
-        torch.manual_seed(1)
-        inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in ref_mod.get_inputs()]
-        res.update(_timed(new, model, inputs, dtype, speedups))
+            self.proc.proc.stdin.write((line + "\n").encode())
+            self.proc.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as e:
+            raise _Stop(f"the candidate's process stopped reading ({type(e).__name__})") from e
+
+    def _read(self, n: int) -> bytes:
+        buf = bytearray()
+        fd = self.proc.results.fileno()
+        while len(buf) < n:
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise _Stop(f"timed out after {self.timeout:g} s (infinite loop or far too slow); killed", True)
+            chunk = os.read(fd, min(n - len(buf), 1 << 20))
+            if not chunk:
+                self.proc.proc.wait()  # closed: the process ended, its exit status says how
+                rc = self.proc.proc.returncode
+                how = f"killed by signal {-rc}" if rc is not None and rc < 0 else f"exit {rc}"
+                raise _Stop(f"worker crashed ({how}): " + " | ".join(self.proc.log_tail()))
+            buf += chunk
+        return bytes(buf)
+
+    def _recv(self) -> dict:
+        import io
+
+        import torch
+
+        (n,) = struct.unpack(">Q", self._read(8))
+        if n > FRAME_CAP:
+            raise _Stop(f"the candidate's process sent {n} bytes (more than {FRAME_CAP}): rejected")
+        try:
+            msg = torch.load(io.BytesIO(self._read(n)), weights_only=True)
+        except Exception as e:  # noqa: BLE001 - anything but plain tensors and values is refused
+            raise _Stop(f"unreadable answer from the candidate's process ({type(e).__name__})") from e
+        if not isinstance(msg, dict):
+            raise _Stop("unreadable answer from the candidate's process (not a dict)")
+        return msg
+
+    def _request(self, cmd: str, inputs: list) -> dict:
+        import torch
+
+        path = self.indir / f"req{self.k}.pt"
+        torch.save([x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs], path)
+        os.chmod(path, 0o644)
+        self._send(f"{cmd} {self.k}")
+        self.k += 1
+        return self._recv()
+
+    # -- the run
+    def run(self) -> None:
+        import torch
+
+        from llmkit.tools import sandbox
+
+        dtype_name, self.rtol = PRECISIONS[self.res["precision"]]
+        self.dtype = getattr(torch, dtype_name) if dtype_name else None
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.ref_mod = _load(self.ref)
+        init = self.ref_mod.get_init_inputs()
+        with _RNG_LOCK:
+            torch.manual_seed(0)
+            self.model = self.ref_mod.Model(*init).to(self.device).eval()
+        with tempfile.TemporaryDirectory(prefix="llmkit-verify-") as tmp:
+            self.indir = Path(tmp) / "in"
+            self.indir.mkdir()
+            (self.indir / "candidate.py").write_text(self.candidate.read_text())
+            torch.save({"init": list(init), "state": {k: v.detach().cpu() for k, v in self.model.state_dict().items()}},
+                       self.indir / "init.pt")
+            site = sorted({p for p in sys.path if p.endswith("-packages") and os.path.isdir(p)})
+            (self.indir / "config.json").write_text(json.dumps({
+                "sys_path": [str(_REPO)], "site": site, "nproc": 256, "device": self.device,
+                "interpret": self.device == "cpu", "dtype": dtype_name}))
+            for f in self.indir.iterdir():
+                os.chmod(f, 0o644)
+            gpu = sandbox.gpu_device_nodes() if self.device == "cuda" else []
+            limits = sandbox.Limits(timeout=self.timeout, memory_mb=None if gpu else 16384, nproc=256,
+                                    cpu_seconds=int(self.timeout * 2) + 10, fsize_mb=512, disk_mb=2048, nofile=1024)
+            env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TRITON_DEFAULT_FP_FUSION": "1",
+                   "TRITON_CACHE_DIR": "{work}/triton", "HOME": "{work}"}
+            runner = str(Path(__file__).with_name("candidate_runner.py"))
+            self.proc = sandbox.spawn_python(runner, ["{in}", "{result_fd}"], str(self.indir), limits,
+                                             ro_binds=[str(_REPO / "llmkit"), *site], devices=gpu, env=env,
+                                             unsafe=self.unsafe)
+            with self.proc:
+                try:
+                    self._drive()
+                except _Stop as e:
+                    self.res["reasons"].append(str(e))
+                    self.res["correct"] = False
+                    if e.timed_out:
+                        self.res["timed_out"] = True
+                finally:
+                    try:
+                        self.proc.proc.stdin.write(b"exit\n")
+                        self.proc.proc.stdin.flush()
+                    except OSError:
+                        pass
+
+    def _drive(self) -> None:
+        import random
+
+        import torch
+
+        from .taxonomy import load_taxonomy
+
+        res, reasons = self.res, self.res["reasons"]
+        hello = self._recv()
+        if "error" in hello:
+            reasons.append(f"candidate failed to load (import or ModelNew(*get_init_inputs())): {hello['error']}")
+            return
+        tamper = list(hello.get("tampered") or [])
+        rng = random.SystemRandom()
+        variants = _shape_variants(self.ref_mod, rng)
+        originals = {n: getattr(self.ref_mod, n) for v in variants for n in v}
+        ok, n_checked, fallback, escapes, launched, shapes = True, 0, set(), set(), [], []
+        max_abs = max_rel = 0.0
+        prev = None
+        try:
+            for vi, variant in enumerate(variants):
+                for n, v in variant.items():
+                    setattr(self.ref_mod, n, v)
+                where = ", ".join(f"{n}={v}" for n, v in variant.items()) or "example"
+                # the example shape always gets two calls on different inputs: a result cached per shape shows
+                for t in range(max(self.trials, 2) if vi == 0 else self.trials):
+                    try:
+                        with _RNG_LOCK:
+                            torch.manual_seed(secrets.randbits(62))
+                            inputs = [x.to(self.device) if isinstance(x, torch.Tensor) else x
+                                      for x in self.ref_mod.get_inputs()]
+                    except Exception as e:  # noqa: BLE001 - the reference cannot make this variant: skip it
+                        reasons.append(f"shape variant {where} skipped: get_inputs failed ({e})")
+                        break
+                    cand_in = [_cast(x.clone(), self.dtype) if isinstance(x, torch.Tensor) else x for x in inputs]
+                    try:
+                        with torch.no_grad():  # the reference runs here, on its own copies
+                            refs = [r.detach().float().cpu() for r in _flat(self.model(*[
+                                _cast(x.clone(), self.dtype).float() if isinstance(x, torch.Tensor) and self.dtype
+                                else x for x in inputs]))]
+                    except Exception as e:  # noqa: BLE001 - the reference itself cannot run this variant
+                        reasons.append(f"shape variant {where} skipped: the reference failed ({e})")
+                        break
+                    reply = self._request("run", cand_in)
+                    if "error" in reply:
+                        reasons.append(f"ModelNew failed on shape {where}: {reply['error']}")
+                        ok = False
+                        break
+                    n_checked += 1
+                    shapes.append(where)
+                    outs = list(reply.get("outputs") or [])
+                    problems, a, r = compare(outs, refs, self.rtol, where)
+                    max_abs, max_rel = max(max_abs, a), max(max_rel, r)
+                    after = list(reply.get("inputs_after") or [])
+                    sent = [x.cpu() for x in cand_in if isinstance(x, torch.Tensor)]
+                    if len(after) != len(sent) or not all(_same_bits(x, y) for x, y in zip(sent, after)):
+                        problems.append("modified its inputs (inputs are handed over as copies and must stay unchanged)")
+                    if reply.get("aliases"):
+                        problems.append(f"output(s) {list(reply['aliases'])} alias an input (a kernel must write its "
+                                        "own output buffer)")
+                    if prev is not None and len(prev[0]) == len(outs) == len(refs):
+                        same_out = all(_same_bits(x, y) for x, y in zip(prev[0], outs))
+                        same_ref = all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(prev[1], refs))
+                        if same_out and not same_ref:
+                            problems.append("output did not change when the inputs did (cached result)")
+                    prev = (outs, refs)
+                    fallback |= set(reply.get("fallback_ops") or [])
+                    escapes |= set(reply.get("escapes") or [])
+                    tamper += list(reply.get("tampered") or [])
+                    launched += list(reply.get("launched") or [])
+                    if problems:
+                        reasons.extend(problems)
+                        ok = False
+        finally:
+            for n, v in originals.items():
+                setattr(self.ref_mod, n, v)
+        res["shapes_checked"], res["shapes"] = n_checked, shapes
+        res["max_abs_err"], res["max_rel_err"] = max_abs, max_rel
+        if fallback:
+            reasons.append("torch fallback: ModelNew.forward computes with torch ops " + ", ".join(sorted(fallback)))
+        if escapes:
+            reasons.append("torch fallback: ModelNew.forward moves tensor data out of torch (" +
+                           ", ".join(sorted(escapes)) + ")")
+        if tamper:
+            reasons.append("tampering with the verifier: " + "; ".join(sorted(set(tamper))))
+        if not launched:
+            reasons.append("no Triton kernel was launched")
+        res["launched"] = sorted(set(launched))
+        ok = ok and not (fallback or escapes or tamper) and bool(launched) and n_checked > 0
+        # compile the first launch of every kernel for the targets (in the candidate's process: its code)
+        compiled_ok = bool(launched)
+        res["strategies_by_arch"] = {}
+        if launched:
+            archs = [res["arch"], *self.extra_archs]
+            self._send("compile " + ",".join(archs))
+            got = self._recv()
+            asm, errors = got.get("asm") or {}, got.get("errors") or {}
+            for a in archs:
+                tax = load_taxonomy(a)
+                found = set()
+                for kernel_asm in (asm.get(a) or {}).values():
+                    if isinstance(kernel_asm, dict):
+                        found |= set(tax.found({k: v for k, v in kernel_asm.items() if isinstance(v, str)}))
+                res["strategies_by_arch"][a] = sorted(found)
+                for name, err in (errors.get(a) or {}).items():
+                    if a == res["arch"]:
+                        compiled_ok = False
+                        reasons.append(f"{name} does not compile for {a}: {err}")
+                    else:
+                        res.setdefault("compile_errors", {})[a] = f"{name}: {err}"
+        res["compiled"] = compiled_ok
+        res["strategies"] = res["strategies_by_arch"].get(res["arch"], [])
+        res["correct"] = bool(ok and compiled_ok)
+        if self.timing and res["correct"] and self.device == "cuda":
+            self._time()
+        elif self.device == "cpu":
+            res["timing_note"] = "no GPU: correctness ran under Triton's interpreter; speedup needs a GPU"
+
+    def _time(self) -> None:
+        """Speedup on a GPU: the candidate times itself in its process (best-effort), the reference is timed
+        here; the outputs after the timed calls are checked too (a candidate that skips work when timed fails)."""
+        import torch
+
+        from .timing import SUSPICIOUS, speedups
+
+        res = self.res
+        with _RNG_LOCK:
+            torch.manual_seed(secrets.randbits(62))
+            inputs = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in self.ref_mod.get_inputs()]
+        t0 = time.monotonic()
+        reply = self._request("time", [_cast(x.clone(), self.dtype) if isinstance(x, torch.Tensor) else x
+                                       for x in inputs])
+        wall_ms = (time.monotonic() - t0) * 1000
+        ms = reply.get("ms")
+        if "error" in reply or not isinstance(ms, float) or not 0 < ms < wall_ms:
+            res["timing_error"] = reply.get("error") or f"implausible time reported by the candidate's process: {ms!r}"
+            return
+        with torch.no_grad():
+            refs = [r.detach().float().cpu() for r in _flat(self.model(*[
+                _cast(x.clone(), self.dtype).float() if isinstance(x, torch.Tensor) and self.dtype else x
+                for x in inputs]))]
+        problems, _, _ = compare(list(reply.get("outputs") or []), refs, self.rtol, "example (after timing)")
+        if problems:
+            res["reasons"] += problems
+            res["correct"] = False
+            return
+        res.update(_timed(ms, self.model, inputs, self.dtype, speedups))
         if res.get("timing", {}).get("suspicious"):
+            res["flags"].append("suspicious_speedup")
             res["reasons"].append(f"suspicious speedup {res['speedup']:.1f}x > {SUSPICIOUS:g}x: flagged, not trusted")
-    elif device == "cpu":
-        res["timing_note"] = "no GPU: correctness ran under Triton's interpreter; speedup needs a GPU"
-    return finish()
 
 
-if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--worker":
-    _, _, ref_p, cand_p, arch_, prec_, trials_, timing_, out_p, extra_ = sys.argv
-    _worker(ref_p, cand_p, arch_, prec_, int(trials_), timing_ == "1", out_p, [a for a in extra_.split(",") if a])
+_REPO = Path(__file__).resolve().parents[3]
