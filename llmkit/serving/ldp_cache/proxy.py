@@ -94,11 +94,11 @@ def build_proxy_app(cache, model_name: str = "ldp-proxy", force_model: str | Non
                 return r
         return await call_next(request)
 
-    def upstream_models() -> list[str]:
+    def upstream_models(refresh: bool = False) -> list[str]:
         with listed_lock:
-            if not listed:
+            if refresh or not listed:
                 try:
-                    listed.extend(cache.upstream.models())
+                    listed[:] = cache.upstream.models()
                 except (AttributeError, UpstreamError):
                     pass
             return list(listed)
@@ -112,7 +112,7 @@ def build_proxy_app(cache, model_name: str = "ldp-proxy", force_model: str | Non
         ids = upstream_models()
         if not ids:  # nothing to check the name against: let the upstream use its default
             return None
-        if requested not in ids:
+        if requested not in ids and requested not in (ids := upstream_models(refresh=True)):
             raise ValueError(f"model {requested!r} is not one of the upstream's models ({', '.join(ids)}); "
                              "the proxy forwards listed names only")
         return requested
