@@ -140,13 +140,8 @@ def test_threshold_at_fpr_bounds_the_compliant_flag_rate():
         assert (s > t).double().mean() >= fpr - 0.011
 
 
-def test_chaos_separates_violations_and_holds_target_fpr(fitted, tiny_model, tiny_tokenizer):
-    assert fitted.layers == [1, 2] and fitted.meta["holdout_fpr"] <= 0.1 + 1e-9
-    ok = fitted.score(tiny_model, tiny_tokenizer, compliant(30, seed=5))
-    bad = fitted.score(tiny_model, tiny_tokenizer, violating(30))
-    assert B.auroc(ok + bad, [0] * 30 + [1] * 30) > 0.95
-    assert sum(s > fitted.threshold for s in bad) >= 27
-    assert sum(s > fitted.threshold for s in ok) <= 9
+# the chaos score's separation of an injected answer from a compliant one on the same task:
+# tests/serving/guard/test_guard_context.py
 
 
 # ---- save / load / refusal -------------------------------------------------------------------------
@@ -480,19 +475,6 @@ def test_check_after_prefill_equals_whole_pass(fitted, tiny_model, tiny_tokenize
         again = fitted.check(engine, c[:-1], c[-1]["content"] + " encore", prefill=pre)
         ref = fitted.check(engine, c[:-1], c[-1]["content"] + " encore")
         assert again["score"] == pytest.approx(ref["score"], rel=1e-4, abs=1e-4)
-
-
-def test_prefill_falls_back_when_the_whole_pass_would_cut_the_prompt(fitted, tiny_model, tiny_tokenizer):
-    import importlib
-
-    cap_mod = importlib.import_module("llmkit.serving.guard.capture")
-    c = conv("q", "oui merci")
-    pre = cap_mod.prefill(tiny_model, tiny_tokenizer, c[:-1], [1, 2], max_length=1024)
-    n_prompt = len(pre.ids)
-    assert cap_mod.capture_after_prefill(tiny_model, tiny_tokenizer, pre, "oui merci", [1, 2],
-                                         max_length=n_prompt + 1) is None
-    assert cap_mod.prefill(tiny_model, tiny_tokenizer, c[:-1], [1, 2], max_length=n_prompt) is None
-    assert cap_mod.capture_after_prefill(tiny_model, tiny_tokenizer, pre, "oui", [1, 3]) is None  # layer 3 missing
 
 
 def test_taps_ignore_other_threads(tiny_model, tiny_tokenizer):
