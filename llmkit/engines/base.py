@@ -19,17 +19,21 @@ class Engine(ABC):
 
     adapters: dict = {}  # noqa: RUF012 - read-only default; LoRA adapters served beside the base model: {name: folder}
 
-    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> str:
-        """The rendered prompt (a ``ChatPrompt``: its ``token_ids`` are the safe ids where content holds markup)."""
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None, **options) -> str:
+        """The rendered prompt (a ``ChatPrompt``: its ``token_ids`` are the safe ids where content holds markup).
+
+        ``options``: ``add_generation_prompt``, ``continue_final_message``, ``template_kwargs``
+        (see ``llmkit.generation.render_chat``).
+        """
         from llmkit.generation import chat_prompt
 
-        return chat_prompt(self.tokenizer, messages, tools=tools)
+        return chat_prompt(self.tokenizer, messages, tools=tools, **options)
 
-    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None, **options) -> list[int]:
         """Prompt token ids where message content is text (see ``llmkit.generation.encode_chat``)."""
         from llmkit.generation import encode_chat
 
-        return encode_chat(self.tokenizer, messages, tools=tools)
+        return encode_chat(self.tokenizer, messages, tools=tools, **options)
 
     def load_adapters(self, adapters: dict[str, str]) -> None:
         raise NotImplementedError(f"the {self.name} engine cannot serve LoRA adapters")

@@ -6,7 +6,9 @@ batch, but finished rows leave the batch (and the cache) at once, a row also
 ends as soon as a stop string is certain, and prefill computes the last
 position's logits only. The text equals ``generate()``'s (tested). Sampling
 and custom caches go through ``model.generate`` (its sampling defaults,
-e.g. top_k, and any cache class work unchanged).
+e.g. top_k, and any cache class work unchanged). Requests using vLLM's
+extras (``ignore_eos``, ``min_tokens``, ``stop_token_ids``, ...), which
+``model.generate`` has no exact twin for, run through the serving batcher.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class HFEngine(Engine):
         self.cache_factory = cache_factory
 
     def generate(self, prompts, params: GenerationParams, n: int = 1, progress: bool = False):
+        if _uses_vllm_extras(params):
+            return self._via_batcher(prompts, params, n)
         expanded = [p for p in prompts for _ in range(n)]
         out: list[Completion] = []
         bar = tqdm(total=len(expanded), desc="generate[hf]", disable=not progress, unit="seq")
@@ -67,6 +71,21 @@ class HFEngine(Engine):
             bar.update(len(chunk))
         bar.close()
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _via_batcher(self, prompts, params: GenerationParams, n: int) -> list[list[Completion]]:
+        from llmkit.engines.hf_batcher import HFBatcher
+        from llmkit.engines.stream import collect
+        from llmkit.generation import prompt_ids
+
+        ids = [prompt_ids(self.tokenizer, p) for p in prompts for _ in range(n)]
+        per = [GenerationParams(**{**params.__dict__, "seed": params.seed + k % n})
+               if params.seed is not None else params for k in range(len(ids))]
+        loop = HFBatcher(self, max_batch_size=self.batch_size).start()
+        try:
+            out = collect(loop, ids, per)
+        finally:
+            loop.stop()
+        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     def _greedy(self, prompts: list[str], params: GenerationParams) -> list[Completion]:
         from llmkit.engines.hf_batcher import greedy_generate
@@ -132,6 +151,13 @@ class HFEngine(Engine):
         from llmkit.engines.hf_batcher import HFBatcher
 
         return HFBatcher(self, max_batch_size=max_batch_size, **kwargs).start()
+
+
+def _uses_vllm_extras(params: GenerationParams) -> bool:
+    defaults = GenerationParams()
+    return any(getattr(params, k) != getattr(defaults, k) for k in (
+        "ignore_eos", "min_tokens", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",
+        "spaces_between_special_tokens"))
 
 
 def _stop_reached(tok, stop: list[str]):

@@ -36,6 +36,13 @@ log-probabilities, as vLLM does by default. With LoRA adapters loaded
 (PEFT's mixed-adapter batches), so requests for different adapters and the
 base model share one batch.
 
+vLLM's own request extras are honoured per row with vLLM's meanings:
+``ignore_eos`` (EOS is an ordinary token), ``min_tokens`` (EOS and
+``stop_token_ids`` get no probability, and stop strings are not looked for,
+until that many tokens exist), ``stop_token_ids`` (end like EOS),
+``include_stop_str_in_output``, ``skip_special_tokens`` and
+``spaces_between_special_tokens`` (``TextStream``'s decoding).
+
 ``greedy_generate`` is the same decode loop without streaming, used by
 ``HFEngine.generate`` for greedy requests (evals): it gives ``generate()``'s
 text, stops each row at EOS, ``max_new_tokens`` or (once it is certain) a
@@ -257,7 +264,7 @@ class HFBatcher(StreamLoop):
                 import xgrammar as xgr
 
                 matcher = xgr.GrammarMatcher(r.grammar)
-            rows.append(_Row(r, TextStream(tok, r.params.stop), g, matcher=matcher))
+            rows.append(_Row(r, TextStream.for_params(tok, r.params), g, matcher=matcher))
         added.extend(rows)
         input_ids, attn, positions = _left_padded([r.prompt_ids for r in reqs], self.pad_id, dev)
         cache = self.engine.cache_factory(model) if self.engine.cache_factory is not None else None
@@ -305,13 +312,14 @@ class HFBatcher(StreamLoop):
             if row.matcher is not None and not row.matcher.accept_token(t):
                 self._end(row, row.stream.finish(), "error", f"the grammar rejected token {t}")
                 continue
-            if t in self.eos:
-                self._end(row, row.stream.finish(), "stop")
+            p = r.params
+            if (t in self.eos and not p.ignore_eos) or t in p.stop_token_ids:
+                tail = ""
+                if p.include_stop_str_in_output:  # the stop token is part of the answer (its text, if any)
+                    tail = self._take_token(row, t, logits[i])
+                self._end(row, tail + row.stream.finish(), "stop")
                 continue
-            if r.params.logprobs is not None:
-                row.lps.append(_entry(logits[i].log_softmax(-1), t, r.params.logprobs))
-            row.count += 1
-            delta = row.stream.add(t)
+            delta = self._take_token(row, t, logits[i])
             if row.stream.stopped:
                 self._end(row, delta, "stop")
             elif row.matcher is not None and row.matcher.is_terminated():
@@ -333,6 +341,14 @@ class HFBatcher(StreamLoop):
             batch.rows = [batch.rows[i] for i in keep]
             batch.attn = _trim_left(batch.cache, batch.attn)
         return batch
+
+    @staticmethod
+    def _take_token(row: _Row, t: int, logits: torch.Tensor) -> str:
+        """Add one generated token to the row (count, logprobs, text); the text now safe to send."""
+        if row.req.params.logprobs is not None:
+            row.lps.append(_entry(logits.log_softmax(-1), t, row.req.params.logprobs))
+        row.count += 1
+        return row.stream.add(t)
 
     def _merge(self, a: _Batch | None, b: _Batch | None) -> _Batch | None:
         """One batch holding the rows of both (caches left-padded to the same length, then stacked)."""
@@ -380,6 +396,10 @@ class HFBatcher(StreamLoop):
             counts = torch.bincount(torch.tensor(gen, device=scores.device), minlength=scores.shape[0])
             counts = counts[: scores.shape[0]].to(scores.dtype)
             scores -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(scores.dtype)
+        if row.count < p.min_tokens:  # vLLM's min_tokens: nothing that ends the answer may come yet
+            banned = set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos)
+            ids = torch.tensor(sorted(b for b in banned if b < scores.shape[0]), dtype=torch.long, device=scores.device)
+            scores[ids] = float("-inf")
         if row.matcher is not None:
             import xgrammar as xgr
 
@@ -396,7 +416,7 @@ class HFBatcher(StreamLoop):
             if row.done:
                 continue
             shaped = (row.matcher is not None or p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
-                      or p.presence_penalty != 0.0)
+                      or p.presence_penalty != 0.0 or row.count < p.min_tokens)
             if p.greedy and not shaped:
                 continue
             scores = self._shape(logits[i], row) if shaped else logits[i]

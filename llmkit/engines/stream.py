@@ -52,9 +52,16 @@ class StreamRequest:
 class TextStream:
     """Incremental detokenization plus stop strings for one sequence."""
 
-    def __init__(self, tokenizer, stop: list[str] | None = None):
+    def __init__(self, tokenizer, stop: list[str] | None = None, skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True, include_stop: bool = False, min_tokens: int = 0):
         self.tok = tokenizer
         self.stop = [s for s in (stop or []) if s]
+        self.include_stop = include_stop  # vLLM's include_stop_str_in_output: cut after the stop string
+        self.min_tokens = min_tokens  # as in vLLM, no stop string may end within the first min_tokens tokens
+        self._floor = 0  # length of the text those tokens made
+        self._decode_kw = {"skip_special_tokens": skip_special_tokens}
+        if not spaces_between_special_tokens:  # only sent when off: it is the tokenizers' default
+            self._decode_kw["spaces_between_special_tokens"] = False
         self.ids: list[int] = []
         self.text = ""  # everything decoded so far (before stop truncation)
         self.sent = 0  # characters of self.text already emitted
@@ -62,8 +69,15 @@ class TextStream:
         self._read = 0
         self.stopped = False
 
+    @classmethod
+    def for_params(cls, tokenizer, params: GenerationParams) -> TextStream:
+        """The stream for one request's text options (stop strings and vLLM's detokenization flags)."""
+        return cls(tokenizer, params.stop, skip_special_tokens=params.skip_special_tokens,
+                   spaces_between_special_tokens=params.spaces_between_special_tokens,
+                   include_stop=params.include_stop_str_in_output, min_tokens=params.min_tokens)
+
     def _decode(self, ids):
-        return self.tok.decode(ids, skip_special_tokens=True)
+        return self.tok.decode(ids, **self._decode_kw)
 
     def add(self, token_id: int) -> str:
         """Append one token; return text that is now safe to emit (may be empty)."""
@@ -74,17 +88,21 @@ class TextStream:
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
             self.text += new_text[len(prefix_text):]
             self._prefix, self._read = self._read, len(self.ids)
+        if len(self.ids) <= self.min_tokens:
+            self._floor = len(self.text)
         return self._emit(final=False)
 
     def _emit(self, final: bool) -> str:
-        if self.stop:
-            cut = min((i for i in (self.text.find(s) for s in self.stop) if i != -1), default=-1)
-            if cut != -1:
-                self.text = self.text[:cut]
+        if self.stop and len(self.ids) > self.min_tokens:
+            hits = [(i, s) for i, s in ((self.text.find(s, max(0, self._floor - len(s) + 1)), s) for s in self.stop)
+                    if i != -1]
+            if hits:
+                cut, s = min(hits)
+                self.text = self.text[:cut + len(s) if self.include_stop else cut]
                 self.stopped = True
                 final = True
         end = len(self.text)
-        if not final and self.stop:
+        if not final and self.stop and not self.include_stop:
             # hold back a tail that may be the start of a stop string
             for s in self.stop:
                 for k in range(min(len(s) - 1, len(self.text)), 0, -1):
@@ -105,6 +123,35 @@ class TextStream:
             self.text += tail[len(head):]
             self._prefix = self._read = len(self.ids)
         return self._emit(final=True)
+
+
+def collect(loop: StreamLoop, prompts: list[list[int]], params: list[GenerationParams]) -> list:
+    """Run one request per ``(prompt ids, params)`` through a started loop; ``Completion``s in order.
+
+    The text is what the stream sent; ``token_ids`` stay empty (events carry text).
+    """
+    from llmkit.generation import Completion
+
+    jobs = []
+    for ids, p in zip(prompts, params):
+        done, parts, last = threading.Event(), [], []
+
+        def on_event(ev, done=done, parts=parts, last=last):
+            parts.append(ev.text)
+            if ev.finish_reason:
+                last.append(ev)
+                done.set()
+        loop.submit(StreamRequest(list(ids), p, on_event))
+        jobs.append((ids, done, parts, last))
+    out = []
+    for ids, done, parts, last in jobs:
+        done.wait()
+        ev = last[0]
+        if ev.error:
+            raise RuntimeError(f"generation failed: {ev.error}")
+        finish = "length" if ev.finish_reason == "length" else "stop"
+        out.append(Completion("".join(parts), len(ids), ev.n_tokens, finish, []))
+    return out
 
 
 class StreamLoop:

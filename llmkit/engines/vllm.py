@@ -48,6 +48,12 @@ def to_sampling_params(params: GenerationParams, n: int = 1):
         prompt_logprobs=params.prompt_logprobs,
         stop=list(params.stop) or None,
         seed=params.seed,
+        ignore_eos=params.ignore_eos,
+        min_tokens=params.min_tokens,
+        stop_token_ids=list(params.stop_token_ids) or None,
+        include_stop_str_in_output=params.include_stop_str_in_output,
+        skip_special_tokens=params.skip_special_tokens,
+        spaces_between_special_tokens=params.spaces_between_special_tokens,
         **kw,
     )
 

@@ -8,6 +8,16 @@ as if a field it sent had been applied when it was not. Fields set to their
 "off" value (``null``, ``{}``, ``false``) are accepted. Every error is
 ``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status.
 
+vLLM's extra fields are honoured with vLLM's meanings (its
+``entrypoints/openai`` protocol): ``ignore_eos``, ``min_tokens``,
+``stop_token_ids``, ``include_stop_str_in_output``, ``skip_special_tokens``,
+``spaces_between_special_tokens``, ``truncate_prompt_tokens`` (with
+``truncation_side``, default left: the last tokens are kept),
+``add_special_tokens``; on chat also ``add_generation_prompt``,
+``continue_final_message`` and ``chat_template_kwargs``. ``/tokenize`` and
+``/detokenize`` take vLLM's bodies (``TokenizeCompletionRequest``,
+``TokenizeChatRequest``, ``DetokenizeRequest``).
+
 Tool calls: the model is asked (by the chat template, or by llmkit's tool
 system prompt, see ``llmkit.generation.render_chat``) to answer
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; ``parse_tool_calls``
@@ -175,6 +185,15 @@ class _Sampling(_Strict):
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
     response_format: ResponseFormat | None = None
+    # vLLM's extras (vllm.entrypoints.openai.*.protocol), with vLLM's defaults
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
     # known OpenAI fields accepted only at their "off" value (anything else is a 400 naming the field)
     logit_bias: dict | None = None
     metadata: dict | None = None
@@ -197,7 +216,19 @@ class _Sampling(_Strict):
     def sampling(self) -> dict:
         """The sampling extras as ``GenerationParams`` keywords."""
         return {"top_k": max(self.top_k, 0), "min_p": self.min_p, "presence_penalty": self.presence_penalty,
-                "frequency_penalty": self.frequency_penalty, "repetition_penalty": self.repetition_penalty}
+                "frequency_penalty": self.frequency_penalty, "repetition_penalty": self.repetition_penalty,
+                "ignore_eos": self.ignore_eos, "min_tokens": self.min_tokens,
+                "stop_token_ids": list(self.stop_token_ids or []),
+                "include_stop_str_in_output": self.include_stop_str_in_output,
+                "skip_special_tokens": self.skip_special_tokens,
+                "spaces_between_special_tokens": self.spaces_between_special_tokens}
+
+    @model_validator(mode="after")
+    def _min_tokens(self):
+        asked = self.requested_max_tokens()
+        if asked is not None and self.min_tokens > asked:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be at most max_tokens ({asked})")
+        return self
 
     @field_validator("stop")
     @classmethod
@@ -215,7 +246,32 @@ class _Sampling(_Strict):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-class ChatRequest(_Sampling):
+class _ChatTemplateOptions(_Strict):
+    """The chat-template fields vLLM takes on chat completions and chat ``/tokenize``."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False  # BOS etc. on top of the template's own (vLLM's default for chat: no)
+    chat_template_kwargs: dict | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _continue(cls, v):
+        # as in vLLM, both on is an error; continuing the final message alone turns the generation prompt off
+        if isinstance(v, dict) and v.get("continue_final_message"):
+            if v.get("add_generation_prompt"):
+                raise ValueError("cannot set both continue_final_message and add_generation_prompt to true")
+            v = {**v, "add_generation_prompt": False}
+        return v
+
+    def template_options(self) -> dict:
+        """``Engine.encode_chat`` keywords."""
+        return {"add_generation_prompt": self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message,
+                "template_kwargs": self.chat_template_kwargs}
+
+
+class ChatRequest(_ChatTemplateOptions, _Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -250,6 +306,7 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool | None = False
     suffix: str | None = None
+    add_special_tokens: bool = True  # vLLM's default for completions: the tokenizer's BOS etc. are added
 
     def unsupported(self) -> str | None:
         if self.suffix:
@@ -277,6 +334,32 @@ class CompletionRequest(_Sampling):
         if self.prompt and isinstance(self.prompt[0], int):
             return [list(self.prompt)]
         return list(self.prompt)
+
+
+class _Tokenize(_Strict):
+    model: str | None = None
+    return_token_strs: bool | None = False
+
+    def unsupported(self) -> str | None:
+        return None
+
+
+class TokenizeCompletionRequest(_Tokenize):
+    prompt: str
+    add_special_tokens: bool = True
+
+
+class TokenizeChatRequest(_ChatTemplateOptions, _Tokenize):
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int]
+
+    def unsupported(self) -> str | None:
+        return None
 
 
 def parse(model_cls: type[_Sampling], body) -> _Sampling:

@@ -12,7 +12,10 @@ as ``tool_calls`` deltas once the answer is complete; a forced ``tool_choice``
 (``required`` or a named function) constrains the answer to one call's JSON),
 ``/v1/models`` (the model and each LoRA adapter the engine loaded; a request's
 ``model`` picks the adapter), ``/health`` and ``/metrics`` (llmkit's names and
-vLLM's). A field the server cannot honour is a 400 naming it (protocol.py).
+vLLM's). vLLM's extra request fields are honoured on both engines, and
+``/tokenize``, ``/detokenize`` and ``/version`` answer as vLLM's server does, so
+vLLM's own clients (``vllm bench serve``) work unchanged. A field the server
+cannot honour is a 400 naming it (protocol.py).
 
 Chat prompts are tokenized with ``engine.encode_chat``: message content is
 text, so a special-token string typed into a message never becomes a control
@@ -59,6 +62,9 @@ from llmkit.serving.protocol import (
     APIError,
     ChatRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
     chat_logprobs,
     completion_logprobs,
     error_body,
@@ -150,8 +156,63 @@ class _Server:
         except (ValueError, RecursionError) as e:  # bad syntax, bad encoding, absurd nesting
             raise APIError(400, f"the request body is not valid JSON: {type(e).__name__}: {str(e)[:200]}") from None
 
-    def encode(self, text: str) -> list[int]:
-        return self.engine.tokenizer.encode(text, add_special_tokens=False)
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def encode_chat(self, req, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        """A chat request's prompt ids with its template options (vLLM's chat fields)."""
+        from llmkit.generation import with_special_tokens
+
+        try:
+            ids = self.engine.encode_chat(messages, tools=tools, **req.template_options())
+        except Exception as e:  # noqa: BLE001 - any template failure is a 400 for these messages
+            param = "chat_template_kwargs" if str(e).startswith("chat_template_kwargs") else "messages"
+            raise APIError(400, f"the chat template rejected these messages: {e}", param=param) from None
+        return with_special_tokens(self.engine.tokenizer, ids) if req.add_special_tokens else ids
+
+    def truncate(self, req, ids: list[int]) -> list[int]:
+        """vLLM's ``truncate_prompt_tokens``: keep that many prompt tokens (the last ones unless
+        ``truncation_side`` is right); -1 keeps as many as the context holds with room for one answer token."""
+        n, limit = req.truncate_prompt_tokens, self.cfg.max_model_len
+        if n is None:
+            return ids
+        if n > limit:
+            raise APIError(400, f"truncate_prompt_tokens={n} is larger than this server's maximum context length "
+                           f"({limit})", param="truncate_prompt_tokens")
+        if n == -1:
+            n = limit - 1
+        if len(ids) <= n:
+            return ids
+        return ids[len(ids) - n:] if (req.truncation_side or "left") == "left" else ids[:n]
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.served_names():
+            raise APIError(404, f"the model '{name}' does not exist; this server serves "
+                           + ", ".join(f"'{n}'" for n in self.served_names()), param="model", code="model_not_found")
+
+    async def tokenize(self, request: Request) -> dict:
+        """vLLM's ``/tokenize``: a completion prompt, or chat messages rendered as a chat request would be."""
+        self.auth(request)
+        body = await self.body(request)
+        chat = isinstance(body, dict) and "messages" in body
+        req = parse(TokenizeChatRequest if chat else TokenizeCompletionRequest, body)
+        self.check_model(req.model)
+        if chat:
+            tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+            ids = self.encode_chat(req, [m.as_dict() for m in req.messages], tools)
+        else:
+            ids = self.encode(req.prompt, req.add_special_tokens)
+        strs = self.engine.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
+        return {"count": len(ids), "max_model_len": self.cfg.max_model_len, "tokens": ids, "token_strs": strs}
+
+    async def detokenize(self, request: Request) -> dict:
+        """vLLM's ``/detokenize``: token ids back to text (special tokens kept, as vLLM does)."""
+        self.auth(request)
+        req = parse(DetokenizeRequest, await self.body(request))
+        self.check_model(req.model)
+        if any(t < 0 or t >= self.vocab_size for t in req.tokens):
+            raise APIError(400, f"token ids must be in [0, {self.vocab_size})", param="tokens")
+        return {"prompt": self.engine.tokenizer.decode(req.tokens)}
 
     def served_names(self) -> list[str]:
         return [self.cfg.model_name, *self.adapters]
@@ -163,8 +224,7 @@ class _Server:
         if name in self.adapters:
             plan.adapter = name
             return
-        raise APIError(404, f"the model '{name}' does not exist; this server serves "
-                       + ", ".join(f"'{n}'" for n in self.served_names()), param="model", code="model_not_found")
+        self.check_model(name)
 
     def guided(self, plan: _Plan) -> dict | None:
         """The grammar the answer must follow (response_format, or a forced tool call), checked up front."""
@@ -483,22 +543,19 @@ class _Server:
             messages = [m.as_dict() for m in req.messages]
             plan.tools = req.active_tools()
             plan.parse_tools = plan.tools is not None
-            try:
-                ids = self.engine.encode_chat(messages, tools=plan.tools)
-            except Exception as e:  # noqa: BLE001 - any template failure is a 400 for these messages
-                raise APIError(400, f"the chat template rejected these messages: {e}", param="messages") from None
+            ids = self.truncate(req, self.encode_chat(req, messages, plan.tools))
             prompt_ids, messages_list = [ids], [messages]
         else:
             prompt_ids, messages_list = [], []
             for p in req.prompts():
                 if isinstance(p, str):
-                    prompt_ids.append(self.encode(p))
+                    prompt_ids.append(self.truncate(req, self.encode(p, req.add_special_tokens)))
                     messages_list.append([{"role": "user", "content": p}])
                     plan.prompt_texts.append(p)
                 else:
                     if any(t < 0 or t >= self.vocab_size for t in p):
                         raise APIError(400, f"prompt token ids must be in [0, {self.vocab_size})", param="prompt")
-                    prompt_ids.append(list(p))
+                    prompt_ids.append(self.truncate(req, list(p)))
                     text = self.engine.tokenizer.decode(p)
                     messages_list.append([{"role": "user", "content": text}])
                     plan.prompt_texts.append(text)
@@ -667,6 +724,32 @@ def build_app(engine, cfg: ServerConfig) -> FastAPI:
             data.append({"id": name, "object": "model", "created": created, "owned_by": "llmkit", "root": str(path),
                          "parent": cfg.model_name, "max_model_len": cfg.max_model_len})
         return {"object": "list", "data": data}
+
+    async def _answer(handler, request):
+        try:
+            return JSONResponse(await handler(request))
+        except APIError as e:
+            server.metrics.errors.labels(e.type).inc()
+            return e.response()
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        return await _answer(server.tokenize, request)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        return await _answer(server.detokenize, request)
+
+    @app.get("/version")
+    async def version():
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as dist_version
+
+        try:
+            v = dist_version("llmkit")
+        except PackageNotFoundError:
+            v = "unknown"
+        return {"version": v, "engine": engine.name}
 
     @app.get("/health")
     async def health():
