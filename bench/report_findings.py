@@ -146,6 +146,8 @@ def _ldp_plain(d, _):
     plain = d["bank_plain_correct"] / d["bank"]
     rows = [f"B/Q {float(b):g}: LDPCache {v['ldpcache']['accuracy']:.3f}, LRU {v['lru']['accuracy']:.3f}, no cache "
             f"{v['no_cache']['accuracy']:.3f}" for b, v in d["pooled"].items() if float(b) >= 6]
+    if not rows:
+        raise ValueError("no budget of 6 or more per query in this run")
     best = max(v[a]["accuracy"] for v in d["pooled"].values() for a in ("ldpcache", "lru", "no_cache"))
     reach = "a private arm reaches" if best >= plain else "no private arm reaches"
     return (f"With a large budget {reach} the model's plain accuracy on the public bank "
