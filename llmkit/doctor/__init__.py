@@ -70,13 +70,13 @@ def _installed(name: str) -> bool:
 def skip_reason(check: Check, gpus: int, explicit=frozenset(), quick: bool = False,
                 installed: Callable[[str], bool] = _installed) -> str | None:
     """Why ``check`` does not run on a machine with ``gpus`` GPUs (None: it runs)."""
-    missing = [p for p in check.packages if not installed(p)]
-    if missing:
-        return f"{', '.join(missing)} not installed"
     if check.gpus >= 2 and gpus < 2:
         return f"needs more than one GPU (found {gpus})"
     if check.gpus == 1 and gpus == 0 and not (check.cpu_path and check.name in explicit):
         return "no CUDA device" + (f" (`--only {check.name}` runs its CPU path)" if check.cpu_path else "")
+    missing = [p for p in check.packages if not installed(p)]
+    if missing:
+        return f"{', '.join(missing)} not installed"
     if quick and check.slow and check.name not in explicit:
         return "slow check left out by --quick"
     return None
@@ -94,10 +94,11 @@ def _release_memory() -> None:
 
 
 def _reason(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    text = msg[0] if len(msg) == 1 else " | ".join(m.strip() for m in msg[-3:] if m.strip())
-    if isinstance(e, AssertionError):
-        return text or "assertion failed"
+    lines = [m.strip() for m in str(e).strip().splitlines() if m.strip()]
+    if isinstance(e, AssertionError):  # the checks' own messages say it in their first line
+        return lines[0] if lines else "assertion failed"
+    # library errors: the first line names the error, the last often the cause (a subprocess's tail)
+    text = " | ".join(lines[:1] + lines[-1:]) if len(lines) > 1 else "".join(lines)
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
