@@ -1,7 +1,10 @@
-"""``llmkit guard fit|score``: fit an AEO hidden-state guard on compliant responses, score responses.
+"""``llmkit guard fit|score``: fit an AEO hidden-state guard, score responses.
 
 Both read JSONL where each line holds ``messages`` (OpenAI chat format) whose last
-message is the assistant's response; other keys are kept in ``score``'s output.
+message is the assistant's response; other keys are kept in ``score``'s output. For
+``fit`` a line may also carry ``"violation": true|false`` (default false): the
+unsupervised scores (energy, entropic) fit on the compliant lines only, the supervised
+ones (probe, combined) need both kinds.
 """
 
 from __future__ import annotations
@@ -23,15 +26,17 @@ def _layers(s: str) -> list[int]:
 
 def register(sub):
     p = sub.add_parser("guard", help="AEO hidden-state guard against instruction injection",
-                       description="Fit a guard on compliant responses, then score responses with it "
-                       "(chaos score of the response's hidden states; see llmkit.serving.guard).")
+                       description="Fit a guard on example responses, then score responses with it "
+                       "(chaos score or probe on the response's hidden states; see llmkit.serving.guard).")
     gsub = p.add_subparsers(dest="guard_command", metavar="fit|score", required=True)
 
-    f = gsub.add_parser("fit", help="learn the compliant manifold from compliant examples",
-                        description="Learn the compliant manifold from compliant examples: JSONL lines with "
-                        "'messages' ending with the assistant's compliant response.")
+    f = gsub.add_parser("fit", help="fit a guard on example responses",
+                        description="Fit a guard: JSONL lines with 'messages' ending with the assistant's response "
+                        "and, optionally, \"violation\": true|false (default false). energy/entropic learn the "
+                        "compliant manifold from the compliant lines; probe/combined also learn from the violations.")
     f.add_argument("--model", default=None, help="alias, local folder or HF id (default: smollm2-135m-instruct)")
-    f.add_argument("--data", required=True, help="JSONL of compliant conversations")
+    f.add_argument("--data", required=True,
+                   help="JSONL of conversations; a line may carry \"violation\": true|false (default false)")
     f.add_argument("--out", required=True, help="folder to write guard.safetensors + guard.json to")
     f.add_argument("--layers", type=_layers, default=None,
                    help="comma-separated hidden-state indices (0 = embeddings; default: 4 over the second half)")
@@ -39,9 +44,16 @@ def register(sub):
     f.add_argument("--target-fpr", type=unit_float, default=0.05,
                    help="false-positive rate on held-out compliant data that sets the threshold (0.05)")
     f.add_argument("--holdout", type=unit_float, default=0.3, help="fraction held out for calibration (0.3)")
-    f.add_argument("--score", choices=["energy", "entropic"], default="energy",
-                   help="chaos score: Mahalanobis energy (default: higher held-out AUROC in bench/guard.py) or "
-                   "the asymmetric entropic divergence")
+    f.add_argument("--score", choices=["energy", "entropic", "probe", "combined"], default="energy",
+                   help="energy (Mahalanobis energy, the default) or entropic (asymmetric entropic divergence): "
+                   "fitted on the compliant lines only; probe (linear probe on the guard layers' pooled states) or "
+                   "combined (energy + probe, combined on held-out lines): need lines with \"violation\": true "
+                   "and false")
+    f.add_argument("--window", type=positive_int, default=64,
+                   help="response tokens per scoring window; a response's score is its highest window's (64)")
+    f.add_argument("--max-length", type=positive_int, default=1024,
+                   help="tokens per forward pass; a longer conversation keeps its system prompt and latest turns "
+                   "(1024)")
     f.add_argument("--batch-size", type=positive_int, default=8)
     f.add_argument("--seed", type=int, default=0)
     f.set_defaults(func=run)
@@ -86,6 +98,8 @@ def read_conversations(path: str) -> list[dict]:
                 split_conversation(msgs)
             except ValueError as e:
                 raise UserError(f"{path}:{n}: {e}") from None
+            if "violation" in row and not isinstance(row["violation"], bool):
+                raise UserError(f"{path}:{n}: 'violation' must be true or false, got {row['violation']!r}")
             rows.append(row)
     if not rows:
         raise UserError(f"{path}: no conversations in the file")
@@ -102,8 +116,18 @@ def _fit(args) -> int:
     from llmkit.serving.guard import Guard
 
     rows = read_conversations(args.data)
-    if len(rows) < 8:
-        raise UserError(f"{args.data}: {len(rows)} conversations; fitting needs at least 8 compliant examples")
+    labels = [bool(r.get("violation", False)) for r in rows]
+    n_bad = sum(labels)
+    n_ok = len(rows) - n_bad
+    if n_ok < 8:
+        raise UserError(f"{args.data}: {n_ok} compliant conversations; fitting needs at least 8 compliant examples")
+    if args.score in ("probe", "combined") and n_bad < 2:
+        raise UserError(f"{args.data}: --score {args.score} learns from violations too: it needs at least 2 lines "
+                        f"with \"violation\": true beside the compliant ones (found {n_bad} violating, {n_ok} "
+                        "compliant); --score energy or entropic fit on compliant lines alone")
+    if args.score in ("energy", "entropic") and n_bad:
+        print(f"{n_bad} lines marked \"violation\": true left out: --score {args.score} fits on compliant "
+              "responses only")
     name = args.model or DEFAULT_MODEL
     model, tok = load(name)
     if args.layers and max(args.layers) > model.config.num_hidden_layers:
@@ -112,14 +136,19 @@ def _fit(args) -> int:
     try:
         guard = Guard.fit(model, tok, [r["messages"] for r in rows], model_name=name, layers=args.layers,
                           n_components=args.components, target_fpr=args.target_fpr, holdout=args.holdout,
-                          seed=args.seed, batch_size=args.batch_size, progress=True, score=args.score)
+                          seed=args.seed, batch_size=args.batch_size, progress=True, score=args.score,
+                          labels=labels, window=args.window, max_length=args.max_length)
     except ValueError as e:
         raise UserError(str(e)) from None
     out = guard.save(args.out)
     m = guard.meta
-    print(f"fitted on {m['n_fit']} responses ({m['n_fit_tokens']} tokens), layers {m['layers']}, "
-          f"threshold {guard.threshold:.4g} at target FPR {m['target_fpr']} "
+    viol = f" + {m['n_fit_violations']} violating" if m["n_fit_violations"] else ""
+    print(f"{args.score} guard fitted on {m['n_fit']} compliant{viol} responses ({m['n_fit_tokens']} compliant "
+          f"tokens), layers {m['layers']}, threshold {guard.threshold:.4g} at target FPR {m['target_fpr']} "
           f"(held-out FPR {m['holdout_fpr']:.3f}, n={m['n_holdout']})")
+    if "holdout_auroc" in m:
+        print(f"held-out AUROC {m['holdout_auroc']:.3f} ({m['n_holdout']} compliant, "
+              f"{m['n_holdout_violations']} violating)")
     print(f"guard saved to {out}")
     return 0
 

@@ -65,26 +65,20 @@ def pooled(caps: list[Capture], layers: list[int]) -> torch.Tensor:
 
 
 class Probe:
-    """Logistic regression on pooled hidden states (standardised), TaskTracker-style."""
+    """Logistic regression on pooled hidden states (standardised), TaskTracker-style: the whole response
+    pooled (the deployable, windowed form is the guard's ``"probe"`` score, :mod:`probe`)."""
 
     def __init__(self, layers: list[int], C: float = 0.1, seed: int = 0):
         self.layers, self.C, self.seed = layers, C, seed
 
     def fit(self, caps: list[Capture], labels: list[int]) -> Probe:
-        from sklearn.linear_model import LogisticRegression
-        from sklearn.pipeline import make_pipeline
-        from sklearn.preprocessing import StandardScaler
+        from llmkit.serving.guard.probe import LinearProbe
 
-        if len(set(labels)) < 2:
-            raise ValueError("the probe needs both compliant and violating training examples")
-        self.model = make_pipeline(StandardScaler(), LogisticRegression(C=self.C, max_iter=2000,
-                                                                       class_weight="balanced",
-                                                                       random_state=self.seed))
-        self.model.fit(pooled(caps, self.layers).numpy(), labels)
+        self.model = LinearProbe.fit(pooled(caps, self.layers).numpy(), labels, C=self.C, seed=self.seed)
         return self
 
     def scores(self, caps: list[Capture]) -> list[float]:
-        return self.model.decision_function(pooled(caps, self.layers).numpy()).tolist()
+        return self.model.decision(pooled(caps, self.layers)).tolist()
 
 
 def auroc(scores: list[float], labels: list[int]) -> float:
