@@ -16,8 +16,10 @@ def register(sub):
     p.add_argument("--model", default=None, help="alias, local folder or HF id (default: smollm2-135m-instruct)")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="generation engine (default hf)")
     p.add_argument("--data", default=None,
-                   help="local JSONL/JSON file or folder (IHEval: its benchmark/ folder); with several tasks "
-                   "use TASK=PATH,TASK=PATH. Default: the hub dataset (IHEval: $LLMKIT_IHEVAL)")
+                   help="local JSONL/JSON file or folder (IHEval: its benchmark/ folder) or a hub dataset id; with "
+                   "several tasks use TASK=PATH,TASK=PATH. Default: the hub dataset (openai/gsm8k, "
+                   "HuggingFaceH4/MATH-500; IHEval: $LLMKIT_IHEVAL, else zhihz0535/IHEval). Offline: the GSM8K "
+                   "sample shipped in llmkit/data/gsm8k")
     p.add_argument("--limit", type=positive_int, default=None,
                    help="first N samples only (IHEval: first N of each setting file)")
     p.add_argument("--num-fewshot", type=nonneg_int, default=0, help="few-shot examples as earlier chat turns")

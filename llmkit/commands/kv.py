@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from llmkit.cli_types import positive_int
 
-DEFAULT_DATA = "../shared/data/gsm8k/train.jsonl"
+DEFAULT_DATA = "openai/gsm8k"  # train split, config main
 
 
 def register(sub):
@@ -32,8 +32,8 @@ def register(sub):
         "Without a calibration serve falls back to the uncalibrated per-channel cache (static batching).")
     c.add_argument("--model", default=None, help="alias, local folder or HF id (default: smollm2-135m-instruct)")
     c.add_argument("--data", default=DEFAULT_DATA,
-                   help=".jsonl with 'text' (or question/answer, problem/solution, prompt/completion) fields, or a "
-                   f"plain text file (default: {DEFAULT_DATA})")
+                   help=".jsonl with 'text' (or question/answer, problem/solution, prompt/completion) fields, a "
+                   f"plain text file, or a hub dataset id (its train split; default: {DEFAULT_DATA})")
     c.add_argument("--start", type=int, default=100,
                    help="skip this many lines of a .jsonl file first (default 100: GSM8K train rows 0-99 are "
                    "left for few-shot exemplars)")
@@ -66,6 +66,7 @@ def run(args) -> int:
 
 
 def _calibrate(args) -> int:
+    import tempfile
     import time
     from pathlib import Path
 
@@ -73,15 +74,19 @@ def _calibrate(args) -> int:
 
     if args.start < 0:
         raise UserError(f"--start {args.start}: must be >= 0")
-    if not Path(args.data).is_file():
-        raise UserError(f"--data {args.data}: no such file")
+    from llmkit.evals.data import is_hub_id
+
+    if not is_hub_id(args.data) and not Path(args.data).is_file():
+        raise UserError(f"--data {args.data}: no such file (nor a hub dataset id 'owner/name')")
     from llmkit.models import load
     from llmkit.serving.kv_cache import calibrate, default_calibration_path, read_calibration_texts
 
     model, tok = load(args.model, dtype=args.dtype, **({"trust_remote_code": True} if args.trust_remote_code else {}))
     model.eval()
     try:
-        texts = read_calibration_texts(args.data, tok, args.texts, args.max_len, start=args.start)
+        with tempfile.TemporaryDirectory(prefix="llmkit-kv-") as tmp:
+            texts = read_calibration_texts(_local_data(args.data, tmp), tok, args.texts, args.max_len,
+                                           start=args.start)
     except ValueError as e:
         raise UserError(f"--data {args.data}: {e}") from None
     t0 = time.perf_counter()
@@ -94,6 +99,22 @@ def _calibrate(args) -> int:
           f"{time.perf_counter() - t0:.1f} s; {_pairs_line(cal)}")
     print(f"saved {out}" + ("" if args.out else " (llmkit serve --kv-cache inquant uses it for this model)"))
     return 0
+
+
+def _local_data(data: str, tmp: str) -> str:
+    """``data`` itself when it is a local file; a hub id's train rows written to a .jsonl in ``tmp`` (the text
+    reader works on files, and its ``--start`` counts lines)."""
+    import json
+    from pathlib import Path
+
+    from llmkit.evals.data import is_hub_id, load_hub
+
+    if not is_hub_id(data):
+        return data
+    rows = load_hub(data, "main" if data == DEFAULT_DATA else None, "train")
+    out = Path(tmp) / "calibration.jsonl"
+    out.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "_source"}) + "\n" for r in rows))
+    return str(out)
 
 
 def _pairs_line(cal) -> str:

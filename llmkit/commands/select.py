@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from llmkit.cli_types import open_unit_float, positive_int
 
-DEFAULT_GSM8K = "../shared/data/gsm8k/test.jsonl"
-
-
 def register(sub):
     p = sub.add_parser(
         "select", help="pick the best model/config on a task with adaptive (top-two) sampling",
@@ -26,7 +23,8 @@ def register(sub):
                    "kv_cache, kv_cache_options)")
     p.add_argument("--model", default=None, help="model for --configs entries that name none (default: bundled)")
     p.add_argument("--task", default="gsm8k", help="gsm8k (default) or math500")
-    p.add_argument("--data", default=None, help=f"local task file (default for gsm8k: {DEFAULT_GSM8K})")
+    p.add_argument("--data", default=None, help="local task file or folder, or a hub dataset id (default: the "
+                   "task's hub dataset, openai/gsm8k or HuggingFaceH4/MATH-500)")
     p.add_argument("--limit", type=positive_int, default=None, help="problem pool: first N problems")
     p.add_argument("--delta", type=open_unit_float, default=0.05, help="error probability in (0, 1) (default 0.05)")
     p.add_argument("--beta", type=open_unit_float, default=0.5, help="leader fraction in (0, 1) (default 0.5)")
@@ -81,10 +79,7 @@ def run(args) -> int:
         task = get_task(args.task)
     except (KeyError, ValueError) as e:
         raise UserError(str(e)) from None
-    data = args.data or (DEFAULT_GSM8K if args.task == "gsm8k" else None)
-    if data is not None and not Path(data).exists():
-        raise UserError(f"--data: no such file: {data}")
-    problems = task.load(data, args.limit)
+    problems = task.load(args.data, args.limit)
 
     from tqdm.auto import tqdm
 
@@ -118,7 +113,7 @@ def run(args) -> int:
     for k, (a, s) in enumerate(zip(arms, res["arms"])):
         if a.guard is not None:
             s["guard_flagged"] = scorer.guard_flagged[k]
-    res["task"], res["data"] = args.task, data
+    res["task"], res["data"] = args.task, args.data or task.hub_id
     w = res["winner"]
     print(f"winner: {arms[w].name}" + ("" if res["stopped"] else " (not separated at this delta: pool exhausted)"))
     for a, s in zip(arms, res["arms"]):

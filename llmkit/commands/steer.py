@@ -1,12 +1,12 @@
 """``llmkit steer``: build a steering vector from contrastive prompt pairs, or try one on a prompt.
 
-    llmkit steer extract --behavior verbosity --questions ../shared/data/gsm8k/train.jsonl --output vec/
+    llmkit steer extract --behavior verbosity --questions my/gsm8k_train.jsonl --output vec/
     llmkit steer extract --pairs pairs.jsonl --layers 18 --output vec/
     llmkit steer try --vector vec/ --alpha 4 "How many legs do 3 cats have?"
 
 ``--pairs`` is JSONL with one ``{"positive": ..., "negative": ...}`` per line (each side a string or a list
 of chat messages). Without it, pairs are the behaviour's built-in instructions applied to the questions of
-``--questions`` (a JSONL with a ``question`` field).
+``--questions`` (a JSONL with a ``question`` field, or a hub dataset id; default ``openai/gsm8k``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 
 from llmkit.cli_types import positive_int
+
+DEFAULT_QUESTIONS = "openai/gsm8k"
 
 
 def _layers(text: str) -> list[int]:
@@ -36,8 +38,9 @@ def register(sub):
     e.add_argument("--behavior", default=None, help="verbosity | confidence | expertise | robustness "
                    "(built-in pairs; also recorded in the vector's metadata)")
     e.add_argument("--pairs", default=None, help="JSONL of {positive, negative} pairs (overrides built-in pairs)")
-    e.add_argument("--questions", default="../shared/data/gsm8k/train.jsonl",
-                   help="JSONL with a 'question' field, for the built-in pairs (default: GSM8K train)")
+    e.add_argument("--questions", default=DEFAULT_QUESTIONS,
+                   help="JSONL with a 'question' field or a hub dataset id (train split), for the built-in pairs "
+                   f"(default: {DEFAULT_QUESTIONS}, GSM8K train)")
     e.add_argument("--num-pairs", type=positive_int, default=64, help="pairs to use (default 64)")
     e.add_argument("--layers", type=_layers, default=None, help="comma-separated decoder layers "
                    "(default: one layer at 60%% depth)")
@@ -82,20 +85,13 @@ def _read_pairs(path: str, limit: int) -> list[tuple]:
 
 def _questions(path: str, limit: int) -> list[str]:
     from llmkit.cli import UserError
-    from llmkit.train.vspo.data import resolve_data_path
+    from llmkit.evals.data import load_source
 
-    p = Path(resolve_data_path(path))
     out = []
-    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            q = json.loads(line).get("question")
-        except (json.JSONDecodeError, AttributeError):
-            raise UserError(f"{path}:{lineno}: expected a JSON object with a 'question' field") from None
-        if not q:
-            raise UserError(f"{path}:{lineno}: missing field 'question'")
-        out.append(q)
+    for rec in load_source(path, split="train", config="main" if path == DEFAULT_QUESTIONS else None):
+        if not rec.get("question"):
+            raise UserError(f"{rec.get('_source', path)}: missing field 'question'")
+        out.append(rec["question"])
         if len(out) >= limit:
             break
     return out

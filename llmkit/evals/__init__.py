@@ -1,7 +1,7 @@
 """Evals: GSM8K, MATH-500 and IHEval, graded the way the reference harnesses grade.
 
     from llmkit.evals import run_eval, get_task
-    summary = run_eval("gsm8k", engine, data="../shared/data/gsm8k/test.jsonl", limit=20)
+    summary = run_eval("gsm8k", engine, limit=20)  # hub openai/gsm8k; data="my/test.jsonl" for a local file
     summary["accuracy"], summary["metrics"]
 
 ``run_eval(task, engine=None, *, data=None, limit=None, num_fewshot=0, max_new_tokens=None,

@@ -7,9 +7,11 @@ so that a missing field can be reported against the exact line of the file.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from llmkit.cli import UserError
+from llmkit.data import GSM8K_SAMPLE
 
 
 class DataError(UserError):
@@ -85,9 +87,36 @@ def load_hub(hub_id: str, config: str | None, split: str) -> list[dict]:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(
             f"could not load hub dataset '{hub_id}'{f' ({config})' if config else ''} split '{split}': "
-            f"{first[:200]} -- offline? pass a local file or folder with --data"
+            f"{first[:200]} -- offline? pass a local file or folder with --data (a GSM8K sample ships "
+            f"with llmkit: {GSM8K_SAMPLE})"
         ) from None
     return [{**dict(r), "_source": f"{hub_id}:{split}:{i}"} for i, r in enumerate(ds)]
+
+
+# "owner/name": what the hub accepts as a dataset id (no file suffix, no leading ./ or /)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def is_hub_id(source: str | Path) -> bool:
+    """Whether ``source`` names a hub dataset rather than a local file: ``owner/name``, not an existing path."""
+    s = str(source)
+    return (isinstance(source, str) and _HUB_ID.fullmatch(s) is not None and not Path(s).exists()
+            and Path(s).suffix not in (".jsonl", ".json", ".txt"))
+
+
+def load_source(source: str | Path, split: str = "test", config: str | None = None) -> list[dict]:
+    """Records from a local file or folder (see :func:`read_records`) or a hub dataset id (``owner/name``).
+
+    The one entry point for "hub id or local path": a path that exists is read in place; an ``owner/name``
+    string that is not a local path goes to ``datasets`` (``config``, ``split``); anything else is a
+    :class:`DataError` naming it.
+    """
+    if is_hub_id(source):
+        return load_hub(str(source), config, split)
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise DataError(f"no such data file or folder: {path} (nor a hub dataset id 'owner/name')")
+    return read_records(path, split)
 
 
 def require(rec: dict, *fields: str) -> None:

@@ -1,7 +1,8 @@
 """IHEval (Zhang et al., NAACL 2025, arXiv 2502.08745): does a model follow the instruction hierarchy?
 
 Data: IHEval's ``benchmark/`` folder, read in place (CC BY-NC-ND 4.0: never
-copied). Layout ``<category>/<task>/<setting>/<variant>/input_data.json`` with
+copied): a local folder, or by default the hub dataset ``zhihz0535/IHEval`` (the authors'
+copy; its ``iheval/`` folder is the same tree, fetched with ``huggingface_hub``). Layout ``<category>/<task>/<setting>/<variant>/input_data.json`` with
 setting in reference / aligned / conflict; 9 tasks:
 
 =================  =====================  ==========================================
@@ -73,7 +74,7 @@ from functools import cache
 from pathlib import Path
 from statistics import mean
 
-from llmkit.evals.data import DataError
+from llmkit.evals.data import DataError, is_hub_id
 from llmkit.evals.tasks.base import Task
 
 TASKS = (
@@ -95,17 +96,39 @@ INSTRUCTION_IDS = {"strong_user_instruction", "weak_user_instruction", "verb_ext
                    "translation_weak_tool_instruction"}
 
 
-def default_root() -> Path:
-    """``$LLMKIT_IHEVAL`` or, failing that, ``../shared/data/iheval/benchmark`` from the working directory."""
-    env = os.environ.get("LLMKIT_IHEVAL")
-    return Path(env) if env else Path("../shared/data/iheval/benchmark")
+HUB_ID = "zhihz0535/IHEval"
+
+
+def default_root() -> str:
+    """``$LLMKIT_IHEVAL`` (a local benchmark folder or a hub id) or, failing that, the hub id ``zhihz0535/IHEval``."""
+    return os.environ.get("LLMKIT_IHEVAL") or HUB_ID
+
+
+@cache
+def _hub_root(hub_id: str) -> Path:
+    # the loader walks the benchmark's folder tree (setting/variant folders), so the hub copy is fetched as files
+    # rather than through datasets' flattened splits
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(hub_id, repo_type="dataset", allow_patterns=["iheval/**"]))
+    except Exception as e:  # noqa: BLE001 -- offline, unknown id, no cache: one message for the user
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"could not fetch IHEval from the hub ('{hub_id}'): {first[:200]} -- offline? pass "
+                        "--data path/to/IHEval/benchmark or set LLMKIT_IHEVAL") from None
+    if not (folder / "iheval").is_dir():
+        raise DataError(f"hub dataset '{hub_id}' has no 'iheval/' folder: not IHEval's layout")
+    return folder / "iheval"
 
 
 def _root(root) -> Path:
-    root = Path(root) if root is not None else default_root()
+    root = root if root is not None else default_root()
+    if is_hub_id(root):
+        return _hub_root(root)
+    root = Path(root)
     if not root.is_dir():
-        raise DataError(f"IHEval benchmark folder not found: {root} (pass --data path/to/IHEval/benchmark "
-                        "or set LLMKIT_IHEVAL)")
+        raise DataError(f"IHEval benchmark folder not found: {root} (pass --data path/to/IHEval/benchmark, "
+                        f"set LLMKIT_IHEVAL, or leave both unset for the hub copy '{HUB_ID}')")
     return root
 
 

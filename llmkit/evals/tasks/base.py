@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmkit.evals.data import DataError, load_hub, read_records, require
+from llmkit.evals.data import DataError, is_hub_id, load_hub, load_source, read_records, require
 
 
 class Task:
@@ -33,8 +33,10 @@ class Task:
     def load(self, data: str | Path | None = None, limit: int | None = None) -> list[dict]:
         """Samples from ``data`` (a local file or folder) or, if None, from the hub; first ``limit`` only."""
         self._data = data
-        rows = read_records(data, self.split) if data is not None else load_hub(self.hub_id, self.hub_config,
-                                                                                self.split)
+        if data is None:
+            rows = load_hub(self.hub_id, self.hub_config, self.split)
+        else:  # a local file/folder, or another hub id (the task's config only applies to its own hub id)
+            rows = load_source(data, self.split, self.hub_config if str(data) == self.hub_id else None)
         if not rows:
             raise DataError(f"{data or self.hub_id}: no samples")
         rows = rows[:limit] if limit else rows
@@ -49,7 +51,7 @@ class Task:
         """Few-shot examples: the ``train`` file next to the local data, else the hub's train split."""
         if self._fewshot is None:
             rows = None
-            if self._data is not None:
+            if self._data is not None and not is_hub_id(self._data):
                 p = Path(self._data)
                 folder = p if p.is_dir() else p.parent
                 for ext in (".jsonl", ".json"):
@@ -60,7 +62,8 @@ class Task:
                     raise DataError(f"few-shot examples for {self.name} need a '{self.fewshot_split}.jsonl' "
                                     f"next to {p}; use --num-fewshot 0")
             else:
-                rows = load_hub(self.hub_id, self.hub_config, self.fewshot_split)
+                hub_id = self._data or self.hub_id
+                rows = load_hub(hub_id, self.hub_config if hub_id == self.hub_id else None, self.fewshot_split)
             for r in rows:
                 self.validate(r)
             self._fewshot = rows

@@ -44,8 +44,13 @@ ALIGNED_EXTRAS = ("", "Please show your steps.", "Explain briefly and give the f
 
 
 def gsm8k_questions(path=None, limit: int | None = None) -> list[str]:
-    """Questions from a GSM8K jsonl file (default ../shared/data/gsm8k/test.jsonl)."""
-    p = Path(path) if path is not None else Path("../shared/data/gsm8k/test.jsonl")
+    """Questions from a GSM8K jsonl file; without one, the test split of the hub's ``openai/gsm8k``
+    (``llmkit.data.GSM8K_SAMPLE / "test.jsonl"`` is a 40-question offline copy)."""
+    if path is None:
+        from llmkit.evals.data import load_hub
+
+        return [r["question"] for r in load_hub("openai/gsm8k", "main", "test")][:limit or None]
+    p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"GSM8K file not found: {p} (pass the path to a GSM8K .jsonl file)")
     out = []

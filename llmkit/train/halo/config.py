@@ -32,11 +32,11 @@ class HaloArguments:
     lisa_layers: int = field(default=2, metadata={"help": "lisa: decoder layers active at a time"})
     lisa_interval: int = field(default=5, metadata={"help": "lisa: steps between re-draws of the active layers"})
 
-    dataset_name: str = field(default="../shared/data/gsm8k/train.jsonl", metadata={
+    dataset_name: str = field(default="openai/gsm8k", metadata={
         "help": "training data (TRL's ScriptArguments name): a local JSONL/JSON file or a Hugging Face dataset "
                 "id (question/answer, problem/solution, prompt/completion or messages rows)"})
     dataset_config: str | None = field(default=None, metadata={
-        "help": "dataset config name for hub ids (e.g. 'main' for openai/gsm8k)"})
+        "help": "dataset config name for hub ids (unset: 'main' for openai/gsm8k, else none)"})
     dataset_train_split: str = field(default="train", metadata={"help": "split for hub datasets"})
     train_data: str | None = field(default=None, metadata={"help": "deprecated: use dataset_name"})
     train_data_config: str | None = field(default=None, metadata={"help": "deprecated: use dataset_config"})
@@ -60,6 +60,8 @@ class HaloArguments:
 
         apply_deprecated_fields(self, {"train_data": "dataset_name", "train_data_config": "dataset_config",
                                        "train_split": "dataset_train_split"})
+        if self.dataset_name == "openai/gsm8k" and self.dataset_config is None:
+            self.dataset_config = "main"  # the hub's gsm8k has configs main/socratic and names none as default
         if self.halo_method not in METHODS:
             raise ValueError(f"halo_method must be one of {', '.join(METHODS)}, got {self.halo_method!r}")
 

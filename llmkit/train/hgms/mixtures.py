@@ -7,7 +7,8 @@
   solving the question it follows -- a source that should lose weight.
 * ``gsm8k_noisy_mixture(gsm8k_train, out_dir, ...)``: disjoint slices of GSM8K train -> a clean source,
   a shuffled-answers source, and a validation (target) file, written as JSONL under ``out_dir``.
-  Built at run time from ``../shared/data``; nothing is copied into the repository.
+  Built at run time from a local GSM8K train file or the hub's ``openai/gsm8k``; nothing is copied into
+  the repository.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def gsm8k_noisy_mixture(gsm8k_train: str | Path, out_dir: str | Path, n_clean: i
     """Clean GSM8K rows, a disjoint slice with shuffled answers, and a disjoint validation slice (the target)."""
     from llmkit.train.common import load_records
 
-    rows = load_records(str(gsm8k_train))
+    rows = load_records(str(gsm8k_train), "train", "main" if str(gsm8k_train) == "openai/gsm8k" else None)
     need = n_clean + n_noisy + n_target
     if len(rows) < need:
         raise ValueError(f"{gsm8k_train}: {len(rows)} rows, need {need}")

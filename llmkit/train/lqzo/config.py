@@ -50,10 +50,11 @@ class LQZOArguments:
         "choices": [0, 2, 3, 4, 8]})
     quant_group_size: int = field(default=64, metadata={"help": "weights per quantization group (input dim)"})
 
-    dataset_name: str = field(default="../shared/data/gsm8k/train.jsonl", metadata={
+    dataset_name: str = field(default="openai/gsm8k", metadata={
         "help": "training data (TRL's ScriptArguments name): a local JSONL/JSON file or a Hugging Face dataset "
                 "id (question/answer, problem/solution, prompt/completion or messages rows)"})
-    dataset_config: str | None = field(default=None, metadata={"help": "dataset config name for hub ids"})
+    dataset_config: str | None = field(default=None, metadata={
+        "help": "dataset config name for hub ids (unset: 'main' for openai/gsm8k, else none)"})
     dataset_train_split: str = field(default="train", metadata={"help": "split for hub datasets"})
     train_data: str | None = field(default=None, metadata={"help": "deprecated: use dataset_name"})
     train_data_config: str | None = field(default=None, metadata={"help": "deprecated: use dataset_config"})
@@ -77,6 +78,8 @@ class LQZOArguments:
 
         apply_deprecated_fields(self, {"train_data": "dataset_name", "train_data_config": "dataset_config",
                                        "train_split": "dataset_train_split"})
+        if self.dataset_name == "openai/gsm8k" and self.dataset_config is None:
+            self.dataset_config = "main"  # the hub's gsm8k has configs main/socratic and names none as default
         if self.zo_method not in ZO_METHODS:
             raise ValueError(f"zo_method must be one of {', '.join(ZO_METHODS)}, got {self.zo_method!r}")
         if self.zo_distribution is not None and self.zo_distribution not in ("rademacher", "gaussian"):

@@ -39,7 +39,7 @@ class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
     verbosity_max_words: int = field(default=40, metadata={"help": "verbosity band: upper bound in words (also "
                                                                            "concise_answer's word limit)"})
     # ---- data
-    dataset_name: str = field(default="../shared/data/gsm8k/train.jsonl", metadata={
+    dataset_name: str = field(default="openai/gsm8k", metadata={
         "help": "training data (TRL's ScriptArguments name): GSM8K-style JSONL (question, answer) or a hub id; "
                 "relative paths resolve against the cwd, then the repository root"})
     dataset_config: str | None = field(default=None, metadata={
@@ -92,8 +92,9 @@ class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
                 "learning_rate 1 and a constant schedule the update is exactly s; other optimizers rescale or "
                 "precondition it. Keep max_grad_norm >= the radius (or 0), else clipping shortens the step"})
     # ---- evaluation before/after
-    eval_path: str | None = field(default="../shared/data/gsm8k/test.jsonl", metadata={
-        "help": "GSM8K-style test file for behaviour rate and accuracy before/after (unset: skip)"})
+    eval_path: str | None = field(default="openai/gsm8k", metadata={
+        "help": "GSM8K-style test file or hub id (its test split) for behaviour rate and accuracy "
+                "before/after (unset: skip)"})
     eval_num_problems: int = field(default=200, metadata={"help": "test problems to evaluate"})
     eval_max_new_tokens: int = field(default=256, metadata={"help": "generation budget at evaluation"})
     eval_batch_size: int = field(default=16, metadata={"help": "evaluation batch size"})
