@@ -156,13 +156,18 @@ def test_sandbox_check_runs_a_call_and_fails_on_a_wrong_answer(tmp_path, monkeyp
 def test_hf_engine_check_cpu_path_uses_the_inquant_cache_and_a_guard(tmp_path, monkeypatch):
     from llmkit.doctor import checks
 
-    ctx = Context(tmp_path, quick=True, device="cpu")
-    detail = checks.hf_engine(ctx)
+    detail = checks.hf_engine(Context(tmp_path, quick=True, device="cpu"))
     assert "InQuant cache" in detail and "guard scores" in detail
+
+
+@pytest.mark.slow
+def test_hf_engine_check_fails_when_the_cache_never_quantizes(tmp_path, monkeypatch):
+    from llmkit.doctor import checks
+
     # a prompt shorter than one quantization group never reaches the 4-bit store: the check says so
     monkeypatch.setattr(checks, "SYSTEM", "")
     with pytest.raises(AssertionError, match="no packed 4-bit data"):
-        checks.hf_engine(ctx)
+        checks.hf_engine(Context(tmp_path, quick=True, device="cpu"))
 
 
 def test_inquant_comparison_passes_equal_kernels_and_names_a_mismatch():
@@ -216,6 +221,7 @@ def test_strategy_test_runner_reports_passes_and_names_failures(tmp_path):
         run_strategy_tests(tmp_path, "hopper", timeout=120)
 
 
+@pytest.mark.slow  # two verifier subprocesses under Triton's interpreter: ~40 s on a shared CPU
 def test_kernels_verify_check_cpu_path_accepts_good_and_rejects_bad(tmp_path):
     from llmkit.doctor import checks
     from llmkit.tools import sandbox
