@@ -1,8 +1,9 @@
 """``llmkit kernels``: the Hawkeye kernel workbench.
 
 - ``llmkit kernels verify --ref REF.py --candidate CAND.py [--arch hopper] [--precision bf16]`` prints one
-  JSON object ``{"compiled", "correct", "max_abs_err", "max_rel_err", "strategies", "speedup", "reasons", ...}``;
-  exit 0 when the verification ran (whatever it found), 2 for bad input.
+  JSON object ``{"compiled", "correct", "max_abs_err", "max_rel_err", "strategies", "speedup", "reasons",
+  "checks", "sandboxed", "flags", ...}``; exit 0 when the verification ran (whatever it found), 2 for bad input
+  or when the sandbox cannot run here (``--unsafe-no-sandbox`` runs the candidate without isolation).
 - ``llmkit kernels generate --ref REF.py --arch hopper --endpoint URL --model M [--budget N] --out DIR``: the
   agent loop against an OpenAI-compatible endpoint; saves every candidate, the trajectory and the best kernel.
 - ``llmkit kernels strategies [--arch hopper]``: the taxonomy (name, precisions, unit test).
@@ -11,6 +12,8 @@
 from __future__ import annotations
 
 ARCH_CHOICES = ("ampere", "hopper", "blackwell", "mi350")
+UNSAFE_HELP = ("run candidates in a plain subprocess when the bubblewrap sandbox is unavailable (no isolation: "
+               "the candidate can read and write your files and reach the network); without it verification refuses")
 
 
 def register(sub):
@@ -25,6 +28,7 @@ def register(sub):
     v.add_argument("--precision", default="bf16", help="fp32, tf32, fp16, bf16, fp8, mxfp8, fp4, mxfp4, nvfp4, int8")
     v.add_argument("--trials", type=int, default=2, help="fresh random inputs per shape (default 2)")
     v.add_argument("--timeout", type=float, default=300.0, help="seconds before the candidate is killed (default 300)")
+    v.add_argument("--unsafe-no-sandbox", action="store_true", help=UNSAFE_HELP)
     v.set_defaults(func=run_verify)
     g = ksub.add_parser("generate", help="agent loop: prompt a model, verify candidates, feed failures back")
     g.add_argument("--ref", required=True, help="reference .py (KernelBench convention)")
@@ -42,6 +46,7 @@ def register(sub):
     g.add_argument("--timeout", type=float, default=300.0, help="verification timeout per candidate (s)")
     g.add_argument("--request-timeout", type=float, default=600.0, help="seconds to wait for one model reply")
     g.add_argument("--out", required=True, help="output folder (candidates/, trajectory.jsonl, best.py, summary.json)")
+    g.add_argument("--unsafe-no-sandbox", action="store_true", help=UNSAFE_HELP)
     g.set_defaults(func=run_generate)
     s = ksub.add_parser("strategies", help="list the strategy taxonomy of an architecture")
     s.add_argument("--arch", default=None, help="one architecture (default: all)")
@@ -56,6 +61,17 @@ def _check_arch(arch):
         raise UserError(f"unknown --arch {arch!r}; choose one of {', '.join(ARCH_CHOICES)}")
 
 
+def _check_sandbox(unsafe: bool):
+    """Refuse before anything runs when the sandbox cannot (as ``llmkit tools`` does)."""
+    from llmkit.cli import UserError
+    from llmkit.tools import sandbox
+
+    ok, why = sandbox.check_available()
+    if not ok and not unsafe:
+        raise UserError(f"{why}. Refusing to run a candidate kernel unconfined; pass --unsafe-no-sandbox to run it "
+                        "without isolation at your own risk.")
+
+
 def run_verify(args) -> int:
     import json
 
@@ -63,9 +79,10 @@ def run_verify(args) -> int:
     from llmkit.kernels.workbench.verify import VerifyInputError, verify
 
     _check_arch(args.arch)
+    _check_sandbox(args.unsafe_no_sandbox)
     try:
         result = verify(args.ref, args.candidate, args.arch, args.precision, trials=args.trials,
-                        timeout=args.timeout)
+                        timeout=args.timeout, unsafe=args.unsafe_no_sandbox)
     except VerifyInputError as e:
         raise UserError(str(e)) from e
     print(json.dumps(result))
@@ -91,11 +108,12 @@ def run_generate(args) -> int:
         check_reference_source(Path(args.ref))
     except VerifyInputError as e:
         raise UserError(str(e)) from e
+    _check_sandbox(args.unsafe_no_sandbox)
     summary = generate(args.ref, args.arch, args.endpoint, args.model, args.out, budget=args.budget,
                        candidates=args.candidates, parallel=args.parallel, precision=args.precision,
                        temperature=args.temperature, max_tokens=args.max_tokens, max_examples=args.max_examples,
                        verify_timeout=args.timeout, trials=args.trials,
-                       request_timeout=args.request_timeout)
+                       request_timeout=args.request_timeout, unsafe=args.unsafe_no_sandbox)
     print(json.dumps({k: summary[k] for k in ("n_candidates", "n_correct", "n_errors", "rounds")}
                      | {"best": summary["best"]["path"] if summary["best"] else None, "out": args.out}))
     return 0

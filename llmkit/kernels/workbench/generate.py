@@ -10,7 +10,10 @@ wrong before (compile error, wrong result, missing strategy, slower than PyTorch
 Works with any OpenAI-compatible endpoint (``llmkit serve`` included). Everything is saved under
 ``out_dir``: ``candidates/r<round>_c<i>.py`` (each reply's code), ``trajectory.jsonl`` (one line
 per candidate: reply, verification, feedback, errors), ``best.py`` (the best candidate that
-verified correct, if any) and ``summary.json``.
+verified correct with nothing flagged, if any) and ``summary.json``. Candidates are ranked by
+trust before speed: clean (correct, verified in the sandbox, nothing flagged), then correct but
+verified without the sandbox, then correct but flagged (a suspicious speedup is not trusted and
+never counts), then the rest; only a speedup that is trusted orders candidates within a tier.
 
 Deviation from the paper: the paper's agent edits and reruns in a sandbox with a GPU; here each
 candidate is one whole file verified by :func:`.verify.verify` (which also runs without a GPU,
@@ -51,9 +54,23 @@ class Candidate:
     error: str | None = None
 
     @property
-    def score(self) -> tuple:
+    def tier(self) -> int:
+        """3 clean (correct, sandboxed, nothing flagged), 2 correct but verified without the sandbox,
+        1 correct but flagged (a figure not trusted, e.g. a suspicious speedup), 0 not correct or not verified."""
         r = self.result or {}
-        return (bool(r.get("correct")), r.get("speedup") or 0.0, len(r.get("strategies") or []),
+        if not r.get("correct"):
+            return 0
+        flags = set(r.get("flags") or []) | ({"unsandboxed"} if r.get("sandboxed") is False else set())
+        if flags - {"unsandboxed"}:
+            return 1
+        return 2 if flags else 3
+
+    @property
+    def score(self) -> tuple:
+        """Ranking key: the tier first, so no flagged or unverified candidate outranks a clean one; the speedup
+        counts only where it is trusted."""
+        r = self.result or {}
+        return (self.tier, (r.get("speedup") or 0.0) if self.tier >= 2 else 0.0, len(r.get("strategies") or []),
                 -(r.get("max_abs_err") if r.get("max_abs_err") is not None else float("inf")))
 
 
@@ -136,6 +153,8 @@ def feedback_for(result: dict | None, error: str | None) -> list[str]:
     if result is None:
         return ["no code found in the reply: answer with one ```python block defining ModelNew"]
     out = list(result.get("reasons") or [])[:6]
+    if result.get("correct") and set(result.get("flags") or []) - {"unsandboxed"}:
+        out.append(f"flagged ({', '.join(result['flags'])}): not ranked as a verified kernel")
     if result.get("correct") and not result.get("strategies"):
         out.append(f"correct, but no {result.get('arch')} strategy was found in the compiled code")
     if result.get("speedup") is not None and result["speedup"] < 1.0:
@@ -160,13 +179,24 @@ def _chat(endpoint: str, model: str, messages: list[dict], *, temperature: float
 def generate(ref: str | Path, arch: str, endpoint: str, model: str, out_dir: str | Path, *, budget: int = 4,
              candidates: int = 2, parallel: int = 2, precision: str = "bf16", temperature: float = 0.7,
              max_tokens: int = 2048, max_examples: int = 2, verify_timeout: float = 300.0, trials: int = 2,
-             request_timeout: float = 600.0, progress: bool = True) -> dict:
+             request_timeout: float = 600.0, progress: bool = True, unsafe: bool = False) -> dict:
     """Run the loop; returns the summary (also written to ``out_dir/summary.json``).
 
     ``budget`` candidates in total, ``candidates`` per refinement round (so ``ceil(budget/candidates)``
-    rounds), requested and verified ``parallel`` at a time.
+    rounds), requested and verified ``parallel`` at a time. ``best.py`` is the best candidate that
+    verified correct with nothing flagged (:attr:`Candidate.tier` >= 2). Raises
+    :class:`llmkit.tools.sandbox.SandboxUnavailable` before asking for anything when the sandbox
+    cannot run here, unless ``unsafe``.
     """
     from tqdm import tqdm
+
+    from llmkit.tools import sandbox
+
+    if not unsafe:
+        ok, why = sandbox.check_available()
+        if not ok:
+            raise sandbox.SandboxUnavailable(f"{why}. Refusing to verify model-written kernels unconfined; pass "
+                                             "--unsafe-no-sandbox (unsafe=True) to run them without isolation.")
 
     ref = Path(ref)
     ref_source = ref.read_text()
@@ -193,7 +223,7 @@ def generate(ref: str | Path, arch: str, endpoint: str, model: str, out_dir: str
         path = out / "candidates" / f"r{rnd}_c{idx}.py"
         path.write_text(code)
         try:
-            res = verify(ref, path, arch, precision, trials=trials, timeout=verify_timeout)
+            res = verify(ref, path, arch, precision, trials=trials, timeout=verify_timeout, unsafe=unsafe)
         except Exception as e:  # noqa: BLE001
             return Candidate(rnd, idx, code, reply, None, f"verification failed: {type(e).__name__}: {e}")
         return Candidate(rnd, idx, code, reply, res)
@@ -228,7 +258,7 @@ def generate(ref: str | Path, arch: str, endpoint: str, model: str, out_dir: str
             rnd += 1
     bar.close()
     best = max(done, key=lambda c: c.score) if done else None
-    ok = best is not None and best.result is not None and best.result.get("correct")
+    ok = best is not None and best.tier >= 2
     if ok:
         (out / "best.py").write_text(best.code)
     summary = {
@@ -236,6 +266,7 @@ def generate(ref: str | Path, arch: str, endpoint: str, model: str, out_dir: str
         "candidates_per_round": candidates, "rounds": rnd, "n_candidates": len(done),
         "n_correct": sum(bool(c.result and c.result.get("correct")) for c in done),
         "n_errors": sum(c.error is not None for c in done),
+        "n_flagged": sum(c.tier == 1 for c in done),
         "best": None if not ok else {"round": best.round, "index": best.index, "path": "best.py",
                                      "verification": best.result},
         "errors": sorted({(c.error or "")[:200] for c in done if c.error}),

@@ -5,14 +5,21 @@
   present in the compiled code, broken twin caught).
 - :data:`BAD_CANDIDATES` / :data:`GOOD_CANDIDATES` / :data:`PROJECT_KERNELS`: the verifier's
   fixture sets (``fixtures/``), and :func:`verify_set` to run one in parallel.
+- :func:`run_exploits`: the verifier against adversarial candidates (a folder of them, each
+  written against ``fixtures/ref_softmax.py``), judged from outside as well: a folder on the
+  host's ``/tmp`` that no candidate may write into, a port listening on the host's 127.0.0.1 that
+  none may reach, an environment variable and a host file none may read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -49,6 +56,93 @@ def verify_set(items, arch: str = "hopper", *, trials: int = 1, timeout: float =
                                   trials=trials, timeout=timeout, strategies_for=tuple(strategies_for))
                 for name, ref, cand, prec in items}
         return {k: f.result() for k, f in futs.items()}
+
+
+CANARY_ENV = "LLMKIT_EXPLOIT_CANARY"  # stands for an API key in the caller's environment
+
+
+@contextlib.contextmanager
+def _host_listener():
+    """A TCP port on the host's 127.0.0.1 that answers ``host`` and records what each connection sent."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    srv.settimeout(0.2)
+    got: list[bytes] = []
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(2)
+                try:
+                    got.append(conn.recv(64))
+                    conn.sendall(b"host")
+                except OSError:
+                    got.append(b"?")
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield srv.getsockname()[1], got
+    finally:
+        stop.set()
+        t.join(5)
+        srv.close()
+
+
+def run_exploits(folder, arch: str = "hopper", *, trials: int = 1, timeout: float = 300.0, parallel: int = 3,
+                 unsafe: bool = False, verify_fn=None) -> dict:
+    """{name: {"rejected", "contained", "handled", "reasons"}} for every ``*.py`` candidate in ``folder``.
+
+    In each candidate ``__HOST_DIR__`` becomes a fresh folder in the host's ``/tmp`` (holding a
+    ``marker`` file and a ``secret.txt``) and ``__PORT__`` a port listening on the host's loopback;
+    :data:`CANARY_ENV` is set in this process's environment while they run. ``contained``: nothing
+    appeared in the host folder and no connection reached the port; ``handled``: rejected and contained.
+    """
+    if verify_fn is None:
+        from .verify import verify
+
+        def verify_fn(ref, cand):
+            return verify(ref, cand, arch, "bf16", trials=trials, timeout=timeout, unsafe=unsafe)
+    files = sorted(Path(folder).glob("*.py"))
+    if not files:
+        raise FileNotFoundError(f"no exploit candidates (*.py) in {folder}")
+    prev = os.environ.get(CANARY_ENV)
+    with tempfile.TemporaryDirectory(prefix="llmkit-exploits-") as tmp, _host_listener() as (port, got):
+        host = Path(tmp) / "host"
+        host.mkdir()
+        (host / "marker").write_text("this folder is on the host")
+        (host / "secret.txt").write_text("s3cret")
+        cands = Path(tmp) / "candidates"
+        cands.mkdir()
+        for f in files:
+            (cands / f.name).write_text(f.read_text().replace("__HOST_DIR__", str(host)).replace("__PORT__", str(port)))
+        os.environ[CANARY_ENV] = "sk-not-a-real-key"
+        try:
+            with ThreadPoolExecutor(max_workers=parallel) as pool:
+                futs = {f.stem: pool.submit(verify_fn, FIXTURES / "ref_softmax.py", cands / f.name) for f in files}
+                results = {k: fut.result() for k, fut in futs.items()}
+        finally:
+            if prev is None:
+                os.environ.pop(CANARY_ENV, None)
+            else:
+                os.environ[CANARY_ENV] = prev
+        written = {p.name for p in host.iterdir()} - {"marker", "secret.txt"}
+        reached = list(got)
+    sent = [g.decode(errors="replace") for g in reached]
+    stray = [w for w in written if not any(w == f"pwned-{n}" for n in results)] + [g for g in sent if g not in results]
+    out = {}
+    for name, r in results.items():
+        escaped = ([f"wrote pwned-{name} into the host's /tmp"] if f"pwned-{name}" in written else []) + (
+            ["connected to the host's loopback port"] if name in sent else []) + (
+            [f"something escaped that no candidate owns: {stray}"] if stray else [])
+        out[name] = {"rejected": not r["correct"], "contained": not escaped, "escaped": escaped,
+                     "handled": not r["correct"] and not escaped, "reasons": r["reasons"][:4]}
+    return out
 
 
 def run_strategy_suite(timeout: float = 1800.0) -> dict:

@@ -4,30 +4,43 @@ Convention (KernelBench): the reference file defines ``Model`` (an ``nn.Module``
 ``get_inputs()`` and ``get_init_inputs()``; the candidate defines ``ModelNew`` with the same
 constructor and at least one ``@triton.jit`` kernel.
 
-What :func:`verify` checks, and why (each is a way kernel benchmarks were fooled):
+Trust split (after KernelBench's revamped eval and gpu-mode's pygpubench, whose exploit suites
+showed verifiers fooled from inside the candidate's process): **the verdict is computed here,
+outside the candidate's process**. This process loads the reference, draws the inputs (fresh
+seeds per trial, shapes the candidate cannot know in advance), runs the reference, compares and
+writes the result. The candidate runs in a separate process inside the sandbox SMITH's tools use
+(:func:`llmkit.tools.sandbox.spawn_python`: bubblewrap, no network, no host files but the Python
+packages and llmkit's own source, read-only; cleared environment; rlimits; the whole group killed
+at the timeout; on a GPU host its NVIDIA/ROCm device nodes and nothing else). It receives copies
+of the inputs in files of its read-only input folder and returns outputs over a pipe
+(:mod:`.candidate_runner`); the reference module is never loaded there. Without a working
+sandbox :func:`verify` refuses unless ``unsafe=True`` (``--unsafe-no-sandbox``).
 
-- **runs in a subprocess with a timeout** (an infinite loop or a crash cannot take the caller down);
+What :func:`verify` checks, and why (each is a way kernel benchmarks were fooled). Decided here
+(``checks.outside`` in the result):
+
 - **static check** of the candidate's source: no ``torch`` compute calls or ``@`` outside the
-  Triton kernels, no use of the reference (``Model``, its file, ``import`` of it), no ``exec``;
-- **dynamic check**: ``ModelNew.forward`` runs under a ``TorchDispatchMode`` that records every
-  ATen op outside the Triton launches; anything but allocation and views is a torch fallback;
-  at least one Triton kernel must be launched;
+  Triton kernels, no use of the reference (``Model``, its file, ``import`` of it), no ``exec``,
+  no ``getattr(torch, <name built at run time>)``;
 - **several trials on fresh random inputs of several shapes**: the example shape from
-  ``get_inputs()`` and variants made by changing the module-level integer sizes that
+  ``get_inputs()`` and variants drawn at random around the module-level integer sizes that
   ``get_inputs`` reads (so a kernel hard-wired to the example shape fails);
-- **candidate first, reference second**, outputs cloned at once, so nothing the reference
-  produced is in memory when the candidate runs, and a reused output buffer cannot hide;
-- **no reuse of results across calls** (the example shape is always called at least twice): an output that does not change when the inputs do (the
-  reference's does) is rejected as cached;
-- **zero or constant outputs** where the reference is not constant are rejected;
 - **dtype-aware tolerances**: ``|out - ref| <= atol + rtol * |ref|`` with ``rtol`` a couple of
   ULPs of the precision (looser for FP8/FP4) and ``atol = rtol * mean|ref|`` (sums of many
-  terms cancel); ``max_rel_err`` is ``max |out - ref| / (|ref| + atol)``;
-- **strategies**: every launch is compiled for ``--arch`` and matched against the taxonomy;
-- **timing only on a GPU** (CUDA events, warm-up, median, L2 flushed; see :mod:`.timing`)
-  against eager PyTorch and ``torch.compile`` of a copy of the reference cast to the inputs'
-  dtype; a speedup > 10x is flagged in ``reasons``, not trusted. Without a GPU ``speedup`` is
-  ``null``; so it is when timing fails, with the error in ``timing_error`` (correctness stands).
+  terms cancel); ``max_rel_err`` is ``max |out - ref| / (|ref| + atol)``; a non-finite output
+  where the reference is finite (NaN fills), zero or constant outputs where the reference is not,
+  and an output that does not change when the inputs do (cached) are rejected;
+- **a timeout** for the whole run (an infinite loop or a crash cannot take the caller down).
+
+Observed inside the candidate's process, so best-effort (``checks.best_effort``): torch-fallback
+detection (a dispatch mode and the profiler, both hardened against the known switches; see
+:mod:`.candidate_runner`), at least one Triton launch, inputs left unchanged and outputs that do
+not alias them (a candidate doing either is rejected), the strategies found in its compiled code
+(every kernel is compiled for ``--arch`` and matched against the taxonomy; one that does not
+compile fails), and the GPU timing: the candidate times itself with CUDA events, the reference
+(eager and ``torch.compile``, cast to the inputs' dtype) is timed here, the outputs after the
+timed calls are checked, and a speedup > 10x is flagged (``flags``), not trusted. Without a GPU
+``speedup`` is ``null``; so it is when timing fails, with the error in ``timing_error``.
 
 Without a GPU the kernels run under Triton's interpreter (slow: keep reference shapes small).
 """
@@ -187,7 +200,12 @@ def static_check(source: str, ref_path: Path | None = None) -> tuple[list[str], 
         elif isinstance(node, ast.Call):
             name = _dotted(node.func)
             head, _, rest = name.partition(".")
-            if head in torch_names and rest:
+            target = _dotted(node.args[0]).split(".")[0] if node.args else ""
+            if name in ("getattr", "vars") and target in torch_names | fn_names and (
+                    name == "vars" or len(node.args) < 2 or not isinstance(node.args[1], ast.Constant)):
+                # a torch function picked by a name built at run time hides from the checks below
+                problems.append(f"line {node.lineno}: {name}() on {_dotted(node.args[0])} with a name built at run time")
+            elif head in torch_names and rest:
                 first = rest.split(".")[0]
                 if first == "nn":
                     sub = rest.split(".")[1] if "." in rest else ""
