@@ -189,21 +189,25 @@ def bench_splits(n_train: int, n_val: int, n_test: int, n_acc_test: int, seed: i
     Train: the first ``n_train // 2`` GSM8K train problems interleaved with ``n_train // 2`` procedural
     sentiment problems (the recipe's ``load_data``). Validation (learning-rate selection only): the next
     ``n_val`` GSM8K *train* problems (never trained on). Test (reported): the first ``n_test`` GSM8K *test*
-    problems and ``n_acc_test`` sentiment problems from another seed than training's. Returns
-    ``{train_ds, val_rows, test_rows, test_acc_rows}``.
+    problems and ``n_acc_test`` sentiment problems from another seed than training's. GSM8K comes from
+    ``data_dir`` (a folder with its train.jsonl and test.jsonl) or, without one, the hub's ``openai/gsm8k``.
+    Returns ``{train_ds, val_rows, test_rows, test_acc_rows}``.
     """
     from llmkit.train.common import load_records
     from llmkit.train.lqzo.config import LQZOArguments
     from llmkit.train.lqzo.recipe import load_data
-    data = Path(data_dir) if data_dir is not None else Path(__file__).resolve().parents[3].parent / "shared" / "data" / "gsm8k"
+    if data_dir is None:  # the hub's GSM8K, train and test splits
+        train_src, test_src, config = "openai/gsm8k", "openai/gsm8k", "main"
+    else:  # a folder with GSM8K's train.jsonl and test.jsonl
+        train_src, test_src, config = str(Path(data_dir) / "train.jsonl"), str(Path(data_dir) / "test.jsonl"), None
     n_gsm = n_train // 2
-    zargs = LQZOArguments(dataset_name=str(data / "train.jsonl"), max_train_samples=n_gsm,
-                          task_train_samples=n_train - n_gsm, eval_data=str(data / "test.jsonl"),
+    zargs = LQZOArguments(dataset_name=train_src, max_train_samples=n_gsm,
+                          task_train_samples=n_train - n_gsm, eval_data=test_src, eval_data_config=config,
                           max_eval_samples=n_test, accuracy_samples=n_acc_test)
     train_ds, _, test_rows, test_acc = load_data(zargs, seed=seed)
-    val_rows = load_records(str(data / "train.jsonl"), "train", None, n_gsm + n_val)[n_gsm:]
+    val_rows = load_records(train_src, "train", config, n_gsm + n_val)[n_gsm:]
     if len(val_rows) < n_val:
-        raise ValueError(f"{data / 'train.jsonl'} has too few rows for {n_gsm} training + {n_val} validation problems")
+        raise ValueError(f"{train_src} has too few rows for {n_gsm} training + {n_val} validation problems")
     return {"train_ds": train_ds, "val_rows": val_rows, "test_rows": test_rows, "test_acc_rows": test_acc}
 
 
