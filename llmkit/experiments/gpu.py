@@ -286,6 +286,13 @@ def save(res: dict, path: Path) -> None:
 
 def summary_line(name: str, r: dict) -> str:
     """One printed line per measurement (the figure compared with its anchor)."""
+    try:
+        return _summary(name, r)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):  # a partial result: print it rather than crash
+        return json.dumps(r, default=str)[:300]
+
+
+def _summary(name: str, r: dict) -> str:
     if "error" in r or "skipped" in r:
         return r.get("error") or f"skipped: {r['skipped']}"
     if name == "hawkeye_kernels":
