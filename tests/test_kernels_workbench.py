@@ -1,8 +1,8 @@
 """Hawkeye kernel workbench: taxonomy, compile-and-inspect, verifier (good and bad candidates), generation loop.
 
 The strategy tests themselves live in kernels/strategies/<arch>/ (collected by plain ``pytest``).
-Verifier runs start a subprocess each (torch + triton import, interpreter): the candidate sets
-run in parallel and are marked slow.
+Verifier runs start a sandboxed process each (torch + triton import, interpreter): the candidate
+sets run in parallel and are marked slow. The adversarial candidates are in tests/kernels/.
 """
 
 from __future__ import annotations
@@ -280,17 +280,17 @@ def test_timing_reference_is_a_cast_copy_and_timing_failures_are_recorded():
     assert timed(x).dtype == torch.bfloat16
     assert _timing_reference(model, None) is model
 
-    def fake_speedups(candidate, reference, inputs):
+    def fake_speedups(candidate_ms, reference, inputs):
         reference(*inputs)  # raises unless the reference was cast
-        return {"speedup": 2.0, "speedup_vs_compile": 1.5, "suspicious": False}
+        return {"speedup": 2.0 / candidate_ms, "speedup_vs_compile": 1.5, "suspicious": False}
 
-    ok = _timed(model, model, [torch.randn(3, 8)], torch.bfloat16, fake_speedups)
+    ok = _timed(1.0, model, [torch.randn(3, 8)], torch.bfloat16, fake_speedups)
     assert ok["speedup"] == 2.0 and ok["speedup_vs_compile"] == 1.5 and "timing_error" not in ok
 
-    def broken_speedups(candidate, reference, inputs):
+    def broken_speedups(candidate_ms, reference, inputs):
         raise RuntimeError("CUDA error: out of memory")
 
-    bad = _timed(model, model, [torch.randn(3, 8)], torch.bfloat16, broken_speedups)
+    bad = _timed(1.0, model, [torch.randn(3, 8)], torch.bfloat16, broken_speedups)
     assert bad["speedup"] is None and bad["speedup_vs_compile"] is None
     assert "RuntimeError" in bad["timing_error"] and "out of memory" in bad["timing_error"]
     json.dumps(bad)  # the worker writes it as JSON

@@ -119,3 +119,52 @@ def test_cli_exec_prints_one_json_object(tmp_path, _cli):
         assert p.returncode == 2 and p.stdout == "" and len(p.stderr.strip().splitlines()) == 1, (bad, p.stderr)
     p = _cli("exec", "--code", str(tmp_path / "missing.py"), "--function", "f")
     assert p.returncode == 2 and "missing.py" in p.stderr
+
+
+def test_spawn_python_binds_only_what_it_is_given(tmp_path):
+    """spawn_python (the kernel verifier's entry): a bound host folder is readable, nothing else of the host is,
+    the environment holds only what was set, and the result pipe carries the answer."""
+    import os
+
+    lib, hidden, indir = tmp_path / "lib", tmp_path / "hidden", tmp_path / "in"
+    for d in (lib, hidden, indir):
+        d.mkdir()
+    (lib / "shared.txt").write_text("visible")
+    (hidden / "secret.txt").write_text("s3cret")
+    prog = lib / "prog.py"
+    prog.write_text(
+        "import json, os, sys\n"
+        "def read(p):\n"
+        "    try:\n        return open(p).read()\n"
+        "    except OSError:\n        return None\n"
+        f"out = {{'lib': read({str(lib / 'shared.txt')!r}), 'hidden': read({str(hidden / 'secret.txt')!r}),\n"
+        "       'env': sorted(os.environ), 'mine': os.environ.get('MINE'), 'work': sys.argv[1],\n"
+        "       'line': sys.stdin.readline().strip()}\n"
+        "os.write(int(sys.argv[2]), json.dumps(out).encode())\n")
+    for d in (lib, tmp_path):
+        os.chmod(d, 0o755)
+    os.environ["LLMKIT_TEST_SECRET_ENV"] = "x"
+    try:
+        with sandbox.spawn_python(str(prog), ["{work}", "{result_fd}"], str(indir), LIMITS, ro_binds=[str(lib)],
+                                  env={"MINE": "{work}/m"}) as sp:
+            sp.proc.stdin.write(b"hello\n")
+            sp.proc.stdin.flush()
+            out = json.loads(sp.results.read().decode())
+            assert sp.proc.wait(timeout=10) == 0, sp.log_tail()
+    finally:
+        del os.environ["LLMKIT_TEST_SECRET_ENV"]
+    assert out["lib"] == "visible" and out["hidden"] is None and out["line"] == "hello"
+    assert out["work"] == "/sandbox/work" and out["mine"] == "/sandbox/work/m"
+    assert "LLMKIT_TEST_SECRET_ENV" not in out["env"] and set(out["env"]) <= {
+        "PATH", "HOME", "PWD", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "MINE", "LC_CTYPE"}
+
+
+def test_bwrap_argv_binds_gpu_device_nodes_and_nothing_else_of_dev():
+    argv = sandbox._bwrap_argv("bwrap", "/x/in", LIMITS, ro_binds=["/opt/lib"], devices=["/dev/nvidia0", "/dev/kfd"],
+                               env={"A": "1"}, program=("/opt/lib/p.py", "arg"))
+    s = " ".join(argv)
+    assert "--dev-bind /dev/nvidia0 /dev/nvidia0" in s and "--dev-bind /dev/kfd /dev/kfd" in s
+    assert "--ro-bind /opt/lib /opt/lib" in s and "--setenv A 1" in s and argv[-2:] == ["/opt/lib/p.py", "arg"]
+    assert argv.count("--dev-bind") == 2 and "--dev /dev" in s  # a fresh /dev plus the GPU nodes
+    assert sandbox._bwrap_argv("bwrap", "/x/in", LIMITS)[-1] == "/sandbox/in/runner.py"  # SMITH's call unchanged
+    assert all(p.startswith(("/dev/nvidia", "/dev/kfd", "/dev/dri/")) for p in sandbox.gpu_device_nodes())

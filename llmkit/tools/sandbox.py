@@ -234,17 +234,16 @@ def _bwrap_argv(bwrap: str, indir: str, limits: Limits, *, ro_binds=(), devices=
         argv += ["--ro-bind", prefix, prefix]
     if not exe.startswith(prefix) and not exe.startswith("/usr/"):
         argv += ["--ro-bind", exe, exe]
-    for path in ro_binds:  # at the host's own path, so the same program runs unchanged with unsafe=True
-        argv += ["--ro-bind", path, path]
     size = str(limits.disk_mb * 1024 * 1024)
     argv += ["--proc", "/proc", "--dev", "/dev"]
     for node in devices:
         argv += ["--dev-bind", node, node]
-    argv += [
-             "--size", size, "--tmpfs", "/tmp",
+    argv += ["--size", size, "--tmpfs", "/tmp",
              "--dir", "/sandbox", "--ro-bind", indir, "/sandbox/in",
-             "--size", size, "--tmpfs", "/sandbox/work",
-             "--chdir", "/sandbox/work",
+             "--size", size, "--tmpfs", "/sandbox/work"]
+    for path in ro_binds:  # at the host's own path (so unsafe=True runs the same program); after /tmp's tmpfs
+        argv += ["--ro-bind", path, path]
+    argv += ["--chdir", "/sandbox/work",
              "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/sandbox/work",
              "--setenv", "PYTHONHASHSEED", "0", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
     for k, v in (env or {}).items():
