@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import textwrap
 
 import pytest
@@ -265,3 +266,35 @@ def test_vllm_serve_check_cpu_path(tmp_path):
     from llmkit.doctor import checks
 
     assert "tokens" in checks.vllm_serve(Context(tmp_path, device="cpu"))
+
+
+@pytest.mark.slow  # TRL imports vLLM for use_vllm: ~30 s on a shared CPU
+def test_grpo_vllm_check_builds_a_grpo_config_with_colocated_vllm_rollouts(tmp_path, monkeypatch):
+    """The GPU-only check's arguments parse into the recipe's config (the run itself needs CUDA)."""
+    from llmkit.doctor import checks
+    from llmkit.train.vspo import recipe
+
+    seen = {}
+    monkeypatch.setattr(recipe, "main", lambda *configs: seen.setdefault("configs", configs) and 0)
+    with pytest.raises(AssertionError, match="no checkpoint-2"):  # nothing trained: the check says so
+        checks.grpo_vllm(Context(tmp_path, device="cuda"))
+    cfg = seen["configs"][0]
+    assert (cfg.mode, cfg.use_vllm, cfg.vllm_mode, cfg.max_steps, cfg.use_cpu) == ("grpo", True, "colocate", 2, False)
+
+
+def test_zero2_check_launches_accelerate_with_the_zero2_config_and_quotes_a_failure(tmp_path, monkeypatch):
+    from llmkit.doctor import checks
+
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "Traceback ...\nRuntimeError: NCCL error: unhandled system error\n")
+
+    monkeypatch.setattr(checks.subprocess, "run", fake_run)
+    with pytest.raises(AssertionError, match="exited 1: .*NCCL error"):
+        checks.zero2(Context(tmp_path, gpus=4, device="cuda"))
+    cmd = calls[0]
+    assert cmd[1:3] == ["-m", "accelerate.commands.launch"]
+    assert cmd[cmd.index("--config_file") + 1].endswith("recipes/accelerate/zero2.yaml")
+    assert cmd[cmd.index("--num_processes") + 1] == "4" and cmd[cmd.index("--max_steps") + 1] == "2"

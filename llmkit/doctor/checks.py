@@ -160,7 +160,7 @@ def inquant_case(device: str, seed: int = 0, N: int = 2, H: int = 4, G: int = 64
     outliers = torch.tensor([[3, 4, 9]] * H)
     donors = torch.tensor([[2, 6, 8]] * H)
     role, partner = kq.role_maps(outliers, donors, D)
-    return x.to(device), role.to(device), partner.to(device), outliers, donors
+    return x.to(device), role.to(device), partner.to(device), outliers.to(device), donors.to(device)
 
 
 def compare_inquant(device: str, quant=None, dequant=None) -> str:
@@ -328,7 +328,7 @@ def zero2(ctx: Context) -> str:
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(cfg), "--num_processes", str(n),
            str(script), "--config", str(repo_file("recipes/configs/vspo/tiny_cpu.yaml")), "--output_dir", str(out),
            "--model_name_or_path", training_model(ctx), "--max_steps", "2", "--save_steps", "2", "--use_cpu", "false",
-           *_vspo_args(ctx)]
+           "--bf16", "true", *_vspo_args(ctx)]  # bf16: what zero2.yaml's mixed_precision asks of the trainer
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     if p.returncode != 0:
         tail = [x for x in (p.stderr or p.stdout).splitlines() if x.strip()][-4:]
