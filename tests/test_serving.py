@@ -240,7 +240,7 @@ class FakeGuard:
 
     def check(self, engine, messages, response_text):
         self.seen.append((messages, response_text))
-        flagged = "attack" in messages[-1]["content"]
+        flagged = "attack" in messages[-1]["content"] and not response_text.startswith("corrected:")
         return {"score": 9.0 if flagged else 0.1, "flagged": flagged}
 
     def correct(self, engine, messages, params):
@@ -272,8 +272,8 @@ def test_guard_actions(action):
             assert verdict["flagged"] is True and verdict["action"] == action
             if action == "block":
                 assert finish == "content_filter" and "can't help" in text
-            elif action == "correct":
-                assert text == "corrected:True"
+            elif action == "correct":  # the server checked the correction (FakeGuard passes it)
+                assert text == "corrected:True" and verdict["correction"]["outcome"] == "corrected"
             else:
                 assert text == guard.seen[-1][1] or text in [s[1] for s in guard.seen]
         assert metric(server.url, "llmkit_guard_flagged_total", f'action="{action}"') == 4

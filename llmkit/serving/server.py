@@ -23,9 +23,14 @@ token (``llmkit.generation.encode_chat``). The app starts the engine's backgroun
 (``engine.start_streaming``) on startup and stops it on shutdown, after
 uvicorn has let in-flight requests finish.
 
-Every request is validated, tokenized and checked against the limits before
-it takes a concurrency slot; a request that would exceed ``max_concurrency``
-gets 429 (with ``Retry-After``) at once rather than waiting unboundedly. Each choice is one engine
+Limits hold before memory or CPU is spent. A body is refused by its
+``Content-Length`` (413) before any of it is read, and a chunked body stops
+being read once it passes ``max_body_bytes`` (or ``body_timeout_s`` passes:
+408). The parsed request then takes its concurrency slots before anything
+costly (tokenizing, JSON-schema checks, grammar compilation): ``max_concurrency``
+counts sequences, prompts x ``n``, so one request asking for more than the
+whole limit gets 400 naming it, and one that would exceed what is free gets
+429 (with ``Retry-After``) at once rather than waiting unboundedly. Each choice is one engine
 sequence; their events arrive on the engine thread and are handed to the
 event loop. A client that leaves (mid-stream or while waiting) has its
 sequences cancelled and its slot freed.
@@ -37,8 +42,11 @@ in a worker thread when the request arrives (``guard.prefill``) and the check
 runs only the response tokens; ``annotate`` adds the
 verdict to the choice, ``block`` replaces a flagged answer with a refusal
 (finish_reason ``content_filter``), ``correct`` replaces it with
-``guard.correct(engine, messages, params)``. With block/correct a streamed
-answer is held back until it has been checked.
+``guard.correct(engine, messages, params)`` and checks the new answer too: kept
+when the guard passes it, else refused as ``block`` would; the verdict's
+``correction`` says which (``outcome``: corrected | refused | failed, and the new
+answer's score). With block/correct a streamed answer is held back until it has
+been checked.
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from llmkit.engines.stream import StreamRequest
 from llmkit.generation import GenerationParams
@@ -84,10 +93,11 @@ REFUSAL = "I can't help with that request."
 class ServerConfig:
     model_name: str
     api_key: str | None = None
-    max_concurrency: int = 64  # generation requests in flight; more get 429
+    max_concurrency: int = 64  # sequences (prompts x n) generating at once; more get 429, more in one request 400
     max_model_len: int = 2048  # prompt + max_tokens, in tokens
     max_batch_size: int = 32  # sequences per engine batch (transformers engine)
     max_body_bytes: int = 4 << 20
+    body_timeout_s: float = 30.0  # the whole body must arrive within this (a slow sender gets 408)
     guard: object | None = None
     guard_action: str = "annotate"
     # run the guard's prompt pass beside generation (Guard.prefill): hides it only when a core is free;
@@ -148,9 +158,26 @@ class _Server:
                            code="invalid_api_key")
 
     async def body(self, request: Request):
-        raw = await request.body()
-        if len(raw) > self.cfg.max_body_bytes:
-            raise APIError(413, f"request body larger than {self.cfg.max_body_bytes} bytes")
+        limit = self.cfg.max_body_bytes
+        too_large = f"the request body is larger than this server's limit of {limit} bytes (--max-body-bytes)"
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.strip().isdigit():
+                raise APIError(400, f"the Content-Length header is not a byte count: {declared[:40]!r}")
+            if int(declared) > limit:  # refused before a byte of it is read
+                raise APIError(413, too_large, code="request_too_large")
+        raw = bytearray()
+        try:
+            async with asyncio.timeout(self.cfg.body_timeout_s):
+                async for chunk in request.stream():
+                    raw += chunk
+                    if len(raw) > limit:  # a chunked (or lying) body: stop reading here
+                        raise APIError(413, too_large, code="request_too_large")
+        except TimeoutError:
+            raise APIError(408, f"the request body did not arrive within {self.cfg.body_timeout_s:g} s",
+                           code="request_timeout") from None
+        except ClientDisconnect:
+            raise APIError(400, "the client closed the connection before the body was complete") from None
         try:
             return json.loads(raw)
         except (ValueError, RecursionError) as e:  # bad syntax, bad encoding, absurd nesting
@@ -275,17 +302,30 @@ class _Server:
                                             **(extra or {})))
         return out
 
-    def acquire(self):
+    @staticmethod
+    def sequences(req, chat: bool) -> int:
+        """How many engine sequences a request asks for: prompts x n."""
+        return req.n * (1 if chat else len(req.prompts()))
+
+    def acquire(self, k: int = 1) -> int:
+        """Take ``k`` of the ``max_concurrency`` sequence slots (or refuse at once); returns ``k``."""
         if self.shutting_down:
             raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
-        if self.active >= self.cfg.max_concurrency:
-            raise APIError(429, f"too many concurrent requests (limit {self.cfg.max_concurrency}); retry later",
-                           type="rate_limit_exceeded", code="too_many_requests", retry_after=self.cfg.retry_after_s)
-        self.active += 1
+        limit = self.cfg.max_concurrency
+        if k > limit:
+            raise APIError(400, f"this request asks for {k} sequences (prompts x n) and this server generates at "
+                           f"most {limit} at once (--max-concurrency {limit}); send fewer prompts or a smaller n",
+                           param="n", code="too_many_sequences")
+        if self.active + k > limit:
+            raise APIError(429, f"too many concurrent sequences ({self.active} of {limit} running, this request "
+                           f"needs {k}); retry later", type="rate_limit_exceeded", code="too_many_requests",
+                           retry_after=self.cfg.retry_after_s)
+        self.active += k
         self.metrics.active.set(self.active)
+        return k
 
-    def release(self):
-        self.active -= 1
+    def release(self, k: int = 1):
+        self.active -= k
         self.metrics.active.set(self.active)
 
     # generation ----------------------------------------------------------
@@ -327,14 +367,18 @@ class _Server:
         else:
             res = await asyncio.to_thread(guard.check, view, messages, text)
         flagged, score = bool(res["flagged"]), float(res["score"])
-        finish = None
+        finish, verdict = None, {"score": score, "flagged": flagged, "action": action if flagged else "none"}
         if flagged:
             self.metrics.guard_flagged.labels(action).inc()
             if action == "block":
                 text, finish = REFUSAL, "content_filter"
             elif action == "correct":
-                text = await asyncio.to_thread(guard.correct, view, messages, params)
-        return text, finish, {"score": score, "flagged": flagged, "action": action if flagged else "none"}
+                from llmkit.serving.guard.correct import correct_checked
+
+                text, verdict["correction"] = await asyncio.to_thread(correct_checked, guard, view, messages, params)
+                if verdict["correction"]["outcome"] != "corrected":  # never send what the guard still rejects
+                    text, finish = REFUSAL, "content_filter"
+        return text, finish, verdict
 
     def _record_done(self, prompt_ids, counts, finishes, n, t0):
         self.metrics.prompt_tokens.inc(sum(len(p) for p in prompt_ids))
@@ -533,10 +577,8 @@ class _Server:
         yield "data: [DONE]\n\n"
 
     # endpoint --------------------------------------------------------------
-    async def prepare(self, request: Request, chat: bool):
-        """Parse, check and tokenize one request: ``(plan, prompt_ids, params_list, messages_list)``."""
-        self.auth(request)
-        req = parse(ChatRequest if chat else CompletionRequest, await self.body(request))
+    async def prepare(self, req, chat: bool):
+        """Check and tokenize one parsed, admitted request: ``(plan, prompt_ids, params_list, messages_list)``."""
         plan = _Plan(chat, req)
         self.pick_model(plan)
         if chat:
@@ -574,13 +616,22 @@ class _Server:
         return plan, prompt_ids, params_list, messages_list
 
     async def handle(self, request: Request, chat: bool):
+        slots = 0
         try:
-            plan, prompt_ids, params_list, messages_list = await self.prepare(request, chat)
-            self.acquire()
+            self.auth(request)
+            req = parse(ChatRequest if chat else CompletionRequest, await self.body(request))
+            # admitted before tokenizing, schema checks and grammar compilation, so the limit bounds them too
+            slots = self.acquire(self.sequences(req, chat))
+            plan, prompt_ids, params_list, messages_list = await self.prepare(req, chat)
         except APIError as e:
+            if slots:
+                self.release(slots)
             self.metrics.errors.labels(e.type).inc()
             return e.response()
-        req = plan.req
+        except BaseException:
+            if slots:
+                self.release(slots)
+            raise
         self.metrics.vllm.max_tokens.labels(*self.metrics.vllm.labels).observe(params_list[0].max_new_tokens)
         self.metrics.vllm.n.labels(*self.metrics.vllm.labels).observe(req.n)
 
@@ -593,7 +644,7 @@ class _Server:
                     self.streamer.cancel(r)
                 if not released.is_set():
                     released.set()
-                    self.release()
+                    self.release(slots)
 
             return _SSEResponse(self.stream(plan, prompt_ids, params_list, messages_list, reqs), cleanup)
         try:
@@ -605,7 +656,7 @@ class _Server:
             self.metrics.errors.labels("client_disconnected").inc()
             return Response(status_code=499)
         finally:
-            self.release()
+            self.release(slots)
 
 
 TOOL_TAG = "<tool_call>"

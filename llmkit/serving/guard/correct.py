@@ -4,7 +4,9 @@ The reminder goes after the last user turn, where a small model attends most,
 as a second system message when the chat template renders one there, and
 otherwise appended to the last user message. Optionally (transformers engine
 only) the states of the guard's layers are pulled a fraction ``alpha`` toward
-the compliant mean while the new response is generated.
+the compliant mean while the new response is generated. The server checks the
+regenerated answer as well (:func:`correct_checked`) and refuses when the guard
+flags it too.
 """
 
 from __future__ import annotations
@@ -50,6 +52,25 @@ def reasserted(messages: list[dict], tokenizer=None, verbatim: bool = False) -> 
             m["content"] = f"{m.get('content') or ''}\n\n{note}"
             return out
     return trailing
+
+
+def correct_checked(guard, engine, messages: list[dict], params) -> tuple[str, dict]:
+    """A correction of a flagged answer, itself checked: ``(text, outcome)``.
+
+    The guard regenerates (``guard.correct``) and then scores the new answer against the
+    conversation the client sent (not the one with the reminder: that is the prompt the answer
+    must hold up under). ``outcome`` is ``{"outcome": "corrected", ...}`` when the new answer
+    passes, ``"refused"`` when it is flagged too (the caller then refuses rather than send an
+    answer its guard rejects), and ``"failed"`` with the error when regeneration or its check
+    raised; ``score`` and ``flagged`` are the new answer's where it was checked.
+    """
+    try:
+        text = guard.correct(engine, messages, params)
+        res = guard.check(engine, messages, text)
+    except Exception as e:  # noqa: BLE001 - a failed correction is reported, the flagged answer stays withheld
+        return "", {"outcome": "failed", "error": f"{type(e).__name__}: {str(e)[:200]}"}
+    flagged = bool(res["flagged"])
+    return text, {"outcome": "refused" if flagged else "corrected", "score": float(res["score"]), "flagged": flagged}
 
 
 @contextlib.contextmanager
