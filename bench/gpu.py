@@ -42,20 +42,12 @@ def _only(text: str) -> list[str]:
     return names
 
 
-def _positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"--budget-s must be positive, got {text}")
-    return v
-
-
 def main(argv=None) -> int:
+    from llmkit.cli_types import positive_float
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a quarter of the sizes")
-    ap.add_argument("--budget-s", type=_positive, default=480.0, help="seconds the whole run may take (default 480)")
+    ap.add_argument("--budget-s", type=positive_float, default=480.0, help="seconds the whole run may take (default 480)")
     ap.add_argument("--only", type=_only, default=None, help="comma-separated measurements to take")
     ap.add_argument("--model", default=None, help="model for decode and serving (default: the bundled model)")
     ap.add_argument("--gsm8k-dir", default=str(GSM8K), help="folder with GSM8K train.jsonl/test.jsonl (LQZO)")

@@ -62,7 +62,8 @@ def test_run_checks_reports_ok_failed_and_skip_raised_inside_with_times(tmp_path
         raise RuntimeError("the widget is broken\nsecond line")
 
     def wrong(ctx):
-        assert 1 == 2, "answer was 1, expected 2"
+        answer = len("x")
+        assert answer == 2, "answer was 1, expected 2"
 
     def later(ctx):
         raise Skip("no sandbox: bwrap missing")

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 __all__ = ["Check", "Context", "Skip", "format_report", "run_checks", "skip_reason"]
 
@@ -89,7 +89,7 @@ def _release_memory() -> None:
 
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    except Exception:  # noqa: BLE001 - a broken CUDA runtime was already reported by the check that hit it
+    except Exception:  # noqa: BLE001, S110 - a broken CUDA runtime was already reported by the check that hit it
         pass
 
 

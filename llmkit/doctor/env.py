@@ -102,8 +102,8 @@ def format_environment(env: dict) -> str:
     pk = env["packages"]
     rows = [("python", f"{env['python']} on {env['platform']}"),
             ("cpu", f"{env['cpu_count']} cores, {env['memory_gib']} GiB memory"),
-            ("torch", f"{env['torch']} (CUDA {env['cuda'] or 'none'}, ROCm {env['rocm'] or 'none'}, "
-                      f"cuDNN {env['cudnn'] or 'none'})")]
+            ("torch", (f"{env['torch']} (CUDA {env['cuda'] or 'none'}, ROCm {env['rocm'] or 'none'}, "
+                       f"cuDNN {env['cudnn'] or 'none'})"))]
     devs = env["devices"]
     if not devs:
         rows.append(("devices", "no CUDA/ROCm device"))
@@ -114,6 +114,6 @@ def format_environment(env: dict) -> str:
     ns = f"max_user_namespaces={sb['max_user_namespaces']}"
     if sb.get("unprivileged_userns_clone") is not None:
         ns += f", unprivileged_userns_clone={sb['unprivileged_userns_clone']}"
-    rows.append(("sandbox", (f"available ({sb['bwrap']})" if sb["available"] else f"unavailable: {sb['reason']}")
-                 + f"; {ns}"))
+    avail = f"available ({sb['bwrap']})" if sb["available"] else f"unavailable: {sb['reason']}"
+    rows.append(("sandbox", f"{avail}; {ns}"))
     return "\n".join(f"  {k:<20} {v}" for k, v in rows)

@@ -41,10 +41,10 @@ class ServeProcess:
             lines = [x.rstrip() for x in f.read().splitlines() if x.strip()]
         return " | ".join(lines[-n:])
 
-    def __enter__(self) -> ServeProcess:
+    def __enter__(self) -> ServeProcess:  # noqa: PYI034 - not subclassed
         import httpx
 
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="llmkit-doctor-serve-", suffix=".log", delete=False)  # noqa: SIM115 - open for the server's life
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="llmkit-doctor-serve-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "llmkit.cli", "serve", "--port", str(self.port), "--log-level", "warning",
                *self.args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,

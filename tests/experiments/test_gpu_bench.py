@@ -98,16 +98,16 @@ def test_vllm_bench_client_arguments_parse():
 
 
 def test_bench_refuses_bad_arguments(repo_root):
-    for args, msg in ((["--only", "nope"], "unknown measurement"), (["--budget-s", "0"], "positive")):
+    for args, msg in ((["--only", "nope"], "unknown measurement"), (["--budget-s", "0"], "must be a finite number > 0")):
         p = subprocess.run([sys.executable, "bench/gpu.py", *args], cwd=repo_root, capture_output=True, text=True,
-                           timeout=120)
+                           timeout=120, check=False)
         assert p.returncode == 2 and msg in p.stderr, p.stderr[-500:]
 
 
 @pytest.mark.slow  # imports vLLM and runs the tiny model: ~30-60 s on a shared CPU
 def test_bench_quick_without_a_gpu_exits_0_naming_every_measurement(repo_root, tmp_path):
     p = subprocess.run([sys.executable, "bench/gpu.py", "--quick", "--gsm8k-dir", str(tmp_path)], cwd=repo_root,
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, check=False)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.startswith("no CUDA/ROCm device")
     last = json.loads(p.stdout.strip().splitlines()[-1])
