@@ -20,17 +20,25 @@ What it measures, all in one run on the same responses:
    `dispersion_ratio_violating_vs_compliant` is the IHEval logdet ratio, geometric mean
    over the guard layers (> 1: violations scatter more, as the paper says).
 4. Split. Items go to fit / val / test (40/20/40 %) by a hash of (dataset, task, id), so
-   an item's aligned and conflict forms stay together. Two guards are fitted on the fit
-   part's compliant answers (manifold on 70 %, score calibration on 30 %): the Mahalanobis
-   energy (`aeo`) and the entropic divergence (`entropic`). The default is the one with the
-   higher out-of-fold AUROC over the fit and val parts (5 folds by item, guards refitted per
-   fold on the other folds' compliant answers: evaluation.cross_validated_auroc; the val part
-   alone held a single violation in the first quick run); its threshold is set on the val part's compliant answers at
-   --target-fpr, and `realized_fpr` is the fraction of the test part's compliant answers over
-   it. Every AUROC (sklearn roc_auc_score, stratified bootstrap interval) is on the test part.
+   an item's aligned and conflict forms stay together. Four guards are fitted on the fit
+   part (70 % of its compliant answers for the manifold, 30 % for calibration; the
+   supervised ones also learn from its violations, 30 % of them held out to combine):
+   the Mahalanobis energy (`aeo`), the entropic divergence (`entropic`), the probe
+   (`probe_guard`) and energy + probe (`combined_guard`). Cross-source
+   (llmkit.experiments.guard.cross_source): each score is fitted on one source alone and
+   tested on another it never saw (IHEval safety -> rule-following and tool-use, IHEval ->
+   GSM8K secret word, and the reverse directions): `auroc_cross_<fit>_to_<test>_<score>`
+   with intervals in `cross_source`, and `realized_fpr_<score>`, the mean over the pairs of
+   the share of the test source's clean answers over the threshold fitted for 0.05. The
+   default (`default_score`) is the score with the best worst-case cross-source AUROC
+   (`default_worst_cross_auroc`, `default_realized_fpr_cross`); the out-of-fold AUROC of the
+   unsupervised scores over fit + val (evaluation.cross_validated_auroc) is reported beside it.
+   The default's threshold is set on the val part's compliant answers at --target-fpr, and
+   `realized_fpr` is the fraction of the test part's compliant answers over it. Every
+   in-source AUROC (sklearn roc_auc_score, stratified bootstrap interval) is on the test part.
    Baselines as before: perplexity, predictive entropy, keyword heuristic, a supervised probe
-   (trained on fit + val labels), the energy score on trajectory centroids.
-5. Corrections, on the IHEval test answers, with the default guard. Arms: no correction;
+   on whole answers (trained on fit + val labels), the energy score on trajectory centroids.
+5. Corrections, on the IHEval safety and rule-following test answers, with the default guard. Arms: no correction;
    re-prompt (flagged answers regenerated with the system instruction re-asserted, kept when
    their chaos score is lower: `iheval_guard_correct`); always regenerate (every answer
    regenerated with the reminder, no guard: `iheval_always_regenerate`); latent (the guard
@@ -81,13 +89,15 @@ from pathlib import Path
 from statistics import mean
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TASKS = ["safety/user-prompt-hijack", "safety/system-prompt-extract", "rule-following/single-turn"]
+TASKS = ["safety/user-prompt-hijack", "safety/system-prompt-extract", "rule-following/single-turn",
+         "tool-use/get-webpage", "tool-use/slack-user"]
+ARM_TASKS = TASKS[:3]  # the correction arms and latency prompts (tool-use answers serve the cross-source part)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small slices (tens of minutes on the shared CPU)")
-    p.add_argument("--data", default=None, help="IHEval benchmark folder (default ../shared/data/iheval/benchmark)")
+    p.add_argument("--data", default="../shared/data/iheval/benchmark", help="IHEval benchmark folder")
     p.add_argument("--gsm8k", default="../shared/data/gsm8k/test.jsonl", help="GSM8K jsonl for the injection set")
     p.add_argument("--limit", type=int, default=None,
                    help="IHEval items per variant file (quick 10; full: every sample)")
@@ -113,6 +123,8 @@ def parse_args(argv=None):
                    "oversubscribe and run ~20x slower)")
     p.add_argument("--latency-requests", type=int, default=None, help="quick 4, full 8")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples per interval")
+    p.add_argument("--out", default=None, help="results JSON (default bench/results/guard_quick.json with --quick, "
+                   "else bench/results/guard.json); the PNG goes beside it")
     p.add_argument("--responses-cache", default=None,
                    help="JSON file: reuse the texts stored there for the same configuration (per arm), else "
                    "generate and store them (saved every few dozen answers and merged under a file lock, so a "
@@ -278,7 +290,8 @@ def main(argv=None) -> int:
     from llmkit.evals import iheval
     from llmkit.generation import GenerationParams
     from llmkit.models import DEFAULT_MODEL, load
-    from llmkit.serving.guard import Guard, Manifold, capture, default_layers
+    from llmkit.experiments import guard as X
+    from llmkit.serving.guard import Manifold, capture, default_layers
     from llmkit.serving.guard import baselines as B
     from llmkit.serving.guard import evaluation as E
     from llmkit.serving.guard import injection as I
@@ -342,7 +355,8 @@ def main(argv=None) -> int:
                       chunk=48 if engine_kind == "hf" else 256)
     prompts = [it["prompt"] for it in items]
     # the always-regenerate arm's prompts (IHEval test items, instruction re-asserted) do not depend on any answer
-    ih_test_all = [i for i, it in enumerate(items) if it["part"] == "test" and it["dataset"] == "iheval"]
+    ih_test_all = [i for i, it in enumerate(items) if it["part"] == "test" and it["dataset"] == "iheval"
+                   and it["task"] in ARM_TASKS]
     regen_prompts = [engine.chat_prompt(reasserted(items[i]["messages"], tok)) for i in ih_test_all]
     if args.shard:
         k, n = args.shard
@@ -406,35 +420,44 @@ def main(argv=None) -> int:
     res["dispersion_ratio_violating_vs_compliant"] = res.get("dispersion_logdet_iheval", float("nan"))
     stamp("dispersion measured")
 
-    # ---- 4. guards, default by validation AUROC, threshold, test AUROC ------------------------
+    # ---- 4. guards, default by worst-case cross-source AUROC, threshold, test AUROC ------------
     part = [it["part"] for it in items]
     fit_ok = [i for i in range(len(items)) if part[i] == "fit" and labels[i] == 0]
     random.Random(0).shuffle(fit_ok)  # calibration must mix tasks and settings like the manifold data
     n_cal = max(2, int(0.3 * len(fit_ok)))
-    guards = {kind: Guard.fit_captures([caps[i] for i in fit_ok[n_cal:]], [caps[i] for i in fit_ok[:n_cal]],
-                                       model_name=DEFAULT_MODEL, hidden_size=model.config.hidden_size,
-                                       num_layers=n_layers, n_components=args.components,
-                                       target_fpr=args.target_fpr, score=kind)
-              for kind in ("energy", "entropic")}
+    shape = {"model_name": DEFAULT_MODEL, "hidden_size": model.config.hidden_size, "num_layers": n_layers,
+             "n_components": args.components}
+    # the same compliant split as fit_ok / n_cal (same seed); probe and combined also use the fit part's violations
+    guards, guard_errors = X.fit_guards(caps, labels, [i for i in range(len(items)) if part[i] == "fit"],
+                                        target_fpr=args.target_fpr, **shape)
+    for kind, err in guard_errors.items():
+        print(f"# {kind} guard not fitted on the fit part: {err}", flush=True)
     scores = {kind: g.score_captures(caps).tolist() for kind, g in guards.items()}
+    cross = X.cross_source(caps, labels, [X.sources_of(it["dataset"], it["task"]) for it in items],
+                           target_fpr=0.05, n_resamples=args.bootstrap, progress=lambda m: print(f"# {m}", flush=True),
+                           **shape)
+    res.update(cross["figures"])
+    stamp("cross-source evaluation done")
     val = [i for i in range(len(items)) if part[i] == "val" and labels[i] is not None]
     test = [i for i in range(len(items)) if part[i] == "test" and labels[i] is not None]
     val_auroc = {k: E.auroc([scores[k][i] for i in val], [labels[i] for i in val]) for k in guards}
-    # the default is chosen on held-out data, never on the test part: pooled out-of-fold AUROC over the fit and
-    # val parts (5 folds by item), since the val part alone may hold only a handful of violations
+    # the out-of-fold AUROC of the unsupervised scores over the fit and val parts (5 folds by item) is reported; the
+    # default is the score with the best worst-case cross-source AUROC (never chosen on the test part)
     dev = [i for i in range(len(items)) if part[i] in ("fit", "val")]
     cv_auroc = E.cross_validated_auroc([caps[i] for i in dev], [labels[i] for i in dev],
                                        [f"{items[i]['dataset']}/{items[i]['key']}" for i in dev],
                                        model_name=DEFAULT_MODEL, hidden_size=model.config.hidden_size,
                                        num_layers=n_layers, n_components=args.components)
-    default = max(guards, key=lambda k: (cv_auroc[k] if math.isfinite(cv_auroc[k]) else -1, k == "entropic"))
+    default = cross["default_score"] if cross["default_score"] in guards else "energy"
     guard = guards[default]
     val_ok = [scores[default][i] for i in val if labels[i] == 0]
     guard.threshold = S.threshold_at_fpr(torch.tensor(val_ok), args.target_fpr)
     guard.meta.update(threshold=guard.threshold, threshold_set_on="validation compliant answers",
                       n_threshold=len(val_ok))
     res["default_score"] = default
-    res["val_auroc_energy"], res["val_auroc_entropic"] = val_auroc["energy"], val_auroc["entropic"]
+    res["default_worst_cross_auroc"] = res[f"worst_cross_auroc_{default}"]
+    res["default_realized_fpr_cross"] = res[f"realized_fpr_{default}"]
+    res.update({f"val_auroc_{k}": v for k, v in val_auroc.items()})
     res["cv_auroc_energy"], res["cv_auroc_entropic"] = cv_auroc["energy"], cv_auroc["entropic"]
     res["realized_fpr"] = E.realized_fpr([scores[default][i] for i in test if labels[i] == 0], guard.threshold)
     res["target_fpr"] = args.target_fpr
@@ -452,6 +475,7 @@ def main(argv=None) -> int:
     cent_raw = torch.stack([cent_m[j].energy(cent[:, j * d : (j + 1) * d]) for j in range(len(layers))], 1)
     med, scale = S.robust_scale(cent_raw[fit_ok[:n_cal]].double())
     methods = {"aeo": scores["energy"], "entropic": scores["entropic"],
+               **{f"{k}_guard": scores[k] for k in ("probe", "combined") if k in scores},
                "aeo_centroid": S.chaos(cent_raw.double(), med, scale).tolist(),
                "perplexity": B.perplexity_scores(caps), "entropy": B.entropy_scores(caps),
                "keyword": [B.keyword_score(it["messages"], t) for it, t in zip(items, texts)], "probe": probe_all}
@@ -609,9 +633,11 @@ def main(argv=None) -> int:
         print(f"detection {name:12s}: AUROC {ci['auroc']:.3f} [{ci['low']:.3f}, {ci['high']:.3f}]  "
               f"FPR@95%TPR {res[f'fpr95_{name}']:.3f}  ({extra})")
     n_dev = sum(1 for i in dev if labels[i] is not None)
-    print(f"default score by out-of-fold AUROC on fit+val: {default} (energy {cv_auroc['energy']:.3f}, entropic "
-          f"{cv_auroc['entropic']:.3f} on {n_dev} answers, {sum(1 for i in dev if labels[i] == 1)} violations; val "
-          f"part alone: energy {val_auroc['energy']:.3f}, entropic {val_auroc['entropic']:.3f})")
+    print(f"out-of-fold AUROC on fit+val ({n_dev} answers, {sum(1 for i in dev if labels[i] == 1)} violations): "
+          f"energy {cv_auroc['energy']:.3f}, entropic {cv_auroc['entropic']:.3f}; val part alone: "
+          + ", ".join(f"{k} {v:.3f}" for k, v in val_auroc.items()))
+    for line in X.summary_lines(cross):
+        print(line)
     print(f"threshold at target FPR {args.target_fpr:.2f} on {len(val_ok)} val compliant answers: realized FPR "
           f"{res['realized_fpr']:.3f} on {n_lab(test, 0)} fresh test compliant answers; TPR "
           f"{res['aeo_tpr_at_threshold']:.3f} on {n_lab(test, 1)} test violations")
@@ -631,9 +657,10 @@ def main(argv=None) -> int:
           f"response part): {res['latency_ratio_prompt_hidden_est']:.3f}")
     print(f"counts: {json.dumps(counts)}")
 
-    RESULTS.mkdir(exist_ok=True)
-    out_path = RESULTS / ("guard_quick.json" if args.quick else "guard.json")
-    out = {"figures": res, "auroc_intervals": auroc_ci, "iheval_arm_intervals": arm_ci, "iheval_per_task": per_task,
+    out_path = Path(args.out) if args.out else RESULTS / ("guard_quick.json" if args.quick else "guard.json")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out = {"figures": res, "cross_source": cross["pairs"], "cross_source_comparable_pairs": cross["comparable_pairs"],
+           "auroc_intervals": auroc_ci, "iheval_arm_intervals": arm_ci, "iheval_per_task": per_task,
            "dispersion_per_layer": {ds: {str(l): v for l, v in per.items()} for ds, per in dispersion.items()},
            "latency": lat, "pass_rate_by_setting": per_setting_pass, "counts": counts,
            "threshold": guard.threshold, "layers": layers,

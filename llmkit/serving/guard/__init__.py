@@ -17,7 +17,9 @@ Algorithm here
    last included, so the default guard runs every block). The server splits the pass:
    ``Guard.prefill`` runs the prompt when the request arrives, beside generation, and
    ``check(..., prefill=)`` runs only the response tokens on that KV cache (same
-   states up to float rounding).
+   states up to float rounding). Every response token is captured; a conversation longer
+   than the guard's ``max_length`` keeps its system prompt and latest turns (oldest turns
+   dropped first), and a response too long for one pass is read in segments.
 2. Fit (:mod:`manifold`, :meth:`Guard.fit`): per layer, a probabilistic-PCA Gaussian
    over the token states of compliant responses (mean, top-k principal directions
    and their variances, one isotropic variance off the subspace). A held-out part
@@ -33,6 +35,12 @@ Algorithm here
    compliant spread; tighter-than-compliant trajectories cost nothing: the exact
    definition is in :mod:`score`). Either way
    ``chaos = mean_l (c_l - median_l) / (1.4826 MAD_l)`` and ``flagged = chaos > threshold``.
+   Two supervised scores (:mod:`probe`) need violating examples too: ``"probe"``, a
+   regularised logistic regression on the guard layers' pooled states (TaskTracker-style), and
+   ``"combined"``, the energy score and the probe combined by a second logistic regression
+   fitted on held-out responses. Every score is taken over windows of ``window`` response
+   tokens (half-overlapping) and a response's score is its highest window's, so a violation
+   that starts late in a long answer is not averaged away.
 4. Correct (:mod:`correct`): regenerate with a reminder after the last user turn that the
    system instructions take priority (``verbatim=True`` repeats them; the bundled 135M model
    copies repeated text such as "respond with 'Access Granted'" into its answer, so the
@@ -87,9 +95,10 @@ Contract with the server (``llmkit serve --guard DIR --guard-action annotate|blo
   ``engine.model``; for ``vllm`` a transformers copy of ``engine.model_name`` is loaded
   once (``llmkit.models.load``) and cached for the teacher-forced pass.
 
-Files: ``DIR/guard.safetensors`` (per layer ``layer{l}.mean|components|variances|noise``
-and ``calibration.center|scale``) and ``DIR/guard.json`` (model name, layer ids,
-hidden size, threshold, target FPR, counts).
+Files: ``DIR/guard.safetensors`` (per layer ``layer{l}.mean|components|variances|noise``,
+``calibration.center|scale``, and for the supervised scores ``probe.mean|scale|coef|intercept``
+and ``combined.*``) and ``DIR/guard.json`` (score, model name, layer ids, hidden size,
+threshold, target FPR, window, max length, counts).
 """
 
 from llmkit.serving.guard.capture import Capture, capture, default_layers, split_conversation
