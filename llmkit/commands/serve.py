@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmkit.cli_types import positive_int
+from llmkit.cli_types import positive_float, positive_int
 
 
 def register(sub):
@@ -19,7 +19,14 @@ def register(sub):
     p.add_argument("--port", type=positive_int, default=8000, help="default 8000")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* (else 401)")
     p.add_argument("--max-concurrency", type=positive_int, default=64,
-                   help="generation requests in flight at once; more are answered 429 (default 64)")
+                   help="sequences generating at once, counting each request as its prompts x n; a request that "
+                   "would exceed what is free is answered 429, one asking for more than the whole limit 400 "
+                   "(default 64)")
+    p.add_argument("--max-body-bytes", type=positive_int, default=4 << 20,
+                   help="largest request body; a larger Content-Length is answered 413 before any of it is read, "
+                   "and a chunked body stops being read at the limit (default 4 MiB)")
+    p.add_argument("--body-timeout", type=positive_float, default=30.0, metavar="SECONDS",
+                   help="a request body must arrive whole within this; a slower sender is answered 408 (default 30)")
     p.add_argument("--max-model-len", type=positive_int, default=2048,
                    help="longest prompt + max_tokens, in tokens (default 2048)")
     p.add_argument("--max-batch-size", type=positive_int, default=32,
@@ -34,7 +41,9 @@ def register(sub):
                    help="--kv-cache inquant: this calibration file instead of the model's default one")
     p.add_argument("--guard", default=None, metavar="DIR", help="a fitted guard folder (llmkit guard fit); checks every answer")
     p.add_argument("--guard-action", choices=("annotate", "block", "correct"), default="annotate",
-                   help="what to do with flagged answers (default annotate)")
+                   help="what to do with flagged answers (default annotate): annotate adds the verdict, block "
+                   "refuses, correct regenerates with the system instruction re-asserted and checks the new answer "
+                   "(refused if it is flagged too; the verdict's correction says which)")
     p.add_argument("--enforce-eager", action="store_true", help="vllm engine: skip graph capture (faster start)")
     p.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
                    help="LoRA adapters (PEFT folders) served beside the base model, each a model name in /v1/models "
@@ -222,6 +231,7 @@ def run(args) -> int:
     engine = build_engine(args)
     cfg = ServerConfig(model_name=name, api_key=args.api_key, max_concurrency=args.max_concurrency,
                        max_model_len=args.max_model_len, max_batch_size=args.max_batch_size,
+                       max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout,
                        guard=guard, guard_action=args.guard_action)
     app = build_app(engine, cfg)
     extra = f" + adapters {', '.join(loras)}" if loras else ""

@@ -229,3 +229,28 @@ def test_guard_correct_checks_the_regenerated_answer(engine, case):
                 assert "no engine" in verdict["correction"]["error"]
     if case != "failed":
         assert "fixed" in guard.checked  # the regenerated answer went through the guard
+
+
+def test_serve_flags_reach_the_server_config(monkeypatch):
+    import llmkit.commands.serve as serve_cmd
+    import llmkit.serving.server as server_mod
+    from llmkit.cli import build_parser
+
+    seen = {}
+
+    class Dummy:
+        name = "hf"
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(serve_cmd, "build_engine", lambda args: Dummy())
+    monkeypatch.setattr(server_mod, "build_app", lambda engine, cfg: seen.setdefault("cfg", cfg))
+    monkeypatch.setattr(server_mod, "serve", lambda app, **kw: None)
+    args = build_parser().parse_args(["serve", "--max-body-bytes", "1000", "--body-timeout", "2.5",
+                                      "--max-concurrency", "3"])
+    assert serve_cmd.run(args) == 0
+    cfg = seen["cfg"]
+    assert (cfg.max_body_bytes, cfg.body_timeout_s, cfg.max_concurrency) == (1000, 2.5, 3)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--max-body-bytes", "0"])
