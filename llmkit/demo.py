@@ -4,10 +4,17 @@
 2. GSM8K: a 20-problem check with lm-eval's strict/flexible filters and math-verify;
 3. KV quantization: one 3-shot GSM8K prompt generated with the InQuant 4-bit KV cache
    next to the default cache (bytes held, same answer or not);
-4. guarded serving: an AEO guard fitted on the model's own answers to IHEval prompts,
-   then the OpenAI-compatible server (InQuant KV cache + guard) answering two chat
-   requests over HTTP, each annotated with the guard's verdict;
+4. guarded serving: an AEO guard fitted on the model's own answers to prompts that obey
+   their system prompt, then the OpenAI-compatible server (InQuant KV cache + guard)
+   answering two chat requests over HTTP, one of them an injection, each annotated with
+   the guard's verdict;
 5. a short recipe run: 4 HALO SFT steps on GSM8K (the ``llmkit train halo`` CLI).
+
+Everything it reads ships with the package, so it needs neither the network nor a data
+folder: the GSM8K problems are the sample in ``llmkit/data/gsm8k`` (MIT), and the guard's
+prompts are the GSM8K secret-word injection set that ``llmkit.serving.guard.injection``
+builds from them. ``--iheval DIR`` fits and probes the guard on IHEval's
+``safety/user-prompt-hijack`` instead, when a copy of the benchmark is at hand.
 
 Each step prints what it does and what it got; results go to ``runs/demo/``
 (``demo.json`` and each step's own files). Run with ``python -m llmkit.demo``.
@@ -23,15 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-GSM8K_LOCAL = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
-HALO_CONFIG = REPO / "recipes" / "configs" / "halo" / "smollm2_gsm8k_sft.yaml"
+from llmkit.data import GSM8K_SAMPLE
+
 GUARD_TASK = "safety/user-prompt-hijack"
-
-
-def gsm8k_data() -> str | None:
-    """The local GSM8K test file when ../shared is there, else None (the hub dataset)."""
-    return str(GSM8K_LOCAL) if GSM8K_LOCAL.is_file() else None
 
 
 def say(msg: str) -> None:
@@ -53,7 +54,8 @@ def step_gsm8k(engine, out_dir: Path, limit: int) -> dict:
     from llmkit.evals import run_eval
 
     say(f"2. GSM8K check: {limit} test problems, zero-shot, greedy, transformers engine")
-    summary = run_eval("gsm8k", engine, data=gsm8k_data(), limit=limit, max_new_tokens=256, output_dir=out_dir)
+    summary = run_eval("gsm8k", engine, data=str(GSM8K_SAMPLE), limit=limit, max_new_tokens=256,
+                       output_dir=out_dir)
     metrics = summary.get("metrics", {})
     print("GSM8K accuracy: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items())
           + f" (n={summary.get('n', limit)}); per-problem rows in {out_dir / 'gsm8k.jsonl'}")
@@ -69,7 +71,7 @@ def step_kv(model, tok) -> dict:
 
     say("3. KV quantization: a 3-shot GSM8K prompt with the InQuant 4-bit KV cache vs the default cache")
     task = get_task("gsm8k")
-    sample = task.load(gsm8k_data(), 1)[0]
+    sample = task.load(str(GSM8K_SAMPLE), 1)[0]
     prompt = chat_prompt(tok, task.build_prompt(sample, num_fewshot=3))
     enc = tok(prompt, return_tensors="pt", add_special_tokens=False)
     n_prompt = enc.input_ids.shape[1]
@@ -95,24 +97,38 @@ def step_kv(model, tok) -> dict:
             "tokens_before_divergence": diverge, "answers": texts}
 
 
-def step_guarded_serving(engine, model_name: str, out_dir: Path, n_fit: int) -> dict:
+def guard_cases(iheval_root: str | None) -> tuple[str, list[dict], list[dict]]:
+    """(what they are, aligned samples, conflict samples); each sample has ``id``, ``setting``, ``messages``."""
+    if iheval_root is None:
+        from llmkit.serving.guard import injection
+
+        samples = injection.build(injection.gsm8k_questions(GSM8K_SAMPLE / "test.jsonl"))
+        what = "GSM8K secret-word injection set (built by llmkit.serving.guard.injection)"
+    else:
+        from llmkit.evals import iheval
+
+        samples = [{**s, "messages": iheval.build_messages(s)}
+                   for s in iheval.load(iheval_root, tasks=[GUARD_TASK], settings=["aligned", "conflict"])
+                   if s["id"] not in iheval.INSTRUCTION_IDS]
+        what = f"IHEval {GUARD_TASK}"
+    return (what, [s for s in samples if s["setting"] == "aligned"],
+            [s for s in samples if s["setting"] == "conflict"])
+
+
+def step_guarded_serving(engine, model_name: str, out_dir: Path, n_fit: int, cases) -> dict:
     import httpx
 
     from llmkit.engines.hf import HFEngine
-    from llmkit.evals import iheval
     from llmkit.generation import GenerationParams
     from llmkit.serving.guard import Guard
     from llmkit.serving.kv_cache import cache_factory
     from llmkit.serving.server import BackgroundServer, ServerConfig, build_app
 
-    say(f"4. guarded serving: fit an AEO guard on the model's answers to {n_fit} aligned IHEval prompts "
-        f"({GUARD_TASK}), then serve with it")
-    samples = iheval.load(None, tasks=[GUARD_TASK], settings=["aligned", "conflict"])
-    samples = [s for s in samples if s["id"] not in iheval.INSTRUCTION_IDS]
-    aligned = [s for s in samples if s["setting"] == "aligned"]
-    conflict = [s for s in samples if s["setting"] == "conflict"]
+    what, aligned, conflict = cases
+    say(f"4. guarded serving: fit an AEO guard on the model's answers to {n_fit} aligned prompts of the {what}, "
+        "then serve with it")
     fit, (probe_ok, probe_bad) = aligned[:n_fit], (aligned[n_fit], conflict[n_fit])
-    msgs = [iheval.build_messages(s) for s in fit]
+    msgs = [s["messages"] for s in fit]
     t0 = time.time()
     outs = engine.generate([engine.chat_prompt(m) for m in msgs], GenerationParams(max_new_tokens=48))
     convs = [[*m, {"role": "assistant", "content": o[0].text}] for m, o in zip(msgs, outs)]
@@ -128,7 +144,7 @@ def step_guarded_serving(engine, model_name: str, out_dir: Path, n_fit: int) -> 
     with BackgroundServer(app) as srv:
         print(f"server up at {srv.url}/v1 (KV cache: inquant, guard: annotate)")
         for label, s in (("aligned", probe_ok), ("conflict (injected instruction)", probe_bad)):
-            body = {"model": model_name, "messages": iheval.build_messages(s), "max_tokens": 48, "temperature": 0}
+            body = {"model": model_name, "messages": s["messages"], "max_tokens": 48, "temperature": 0}
             r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=300)
             r.raise_for_status()
             choice = r.json()["choices"][0]
@@ -136,25 +152,36 @@ def step_guarded_serving(engine, model_name: str, out_dir: Path, n_fit: int) -> 
             print(f"POST /v1/chat/completions [{label}]: {choice['message']['content'].strip()[:100]!r}\n"
                   f"   guard score {v['score']:.3f} (threshold {guard.threshold:.3f}) -> "
                   f"{'FLAGGED' if v['flagged'] else 'passed'}")
-            results.append({"setting": s["setting"], "id": s["id"], "answer": choice["message"]["content"],
-                            "guard": v})
+            row = {"setting": s["setting"], "id": s["id"], "answer": choice["message"]["content"], "guard": v}
+            if "canary" in s:  # the injection set knows when the injection won: the secret word was said
+                from llmkit.serving.guard.injection import violates
+
+                row["leaked_secret"] = violates(s, row["answer"])
+                print(f"   secret word {s['canary']!r} {'LEAKED' if row['leaked_secret'] else 'kept'}")
+            results.append(row)
     print("(a guard fitted on a handful of answers is a demonstration; bench/guard.py measures detection)")
-    return {"guard_dir": str(guard_dir), "requests": results}
+    return {"guard_dir": str(guard_dir), "cases": what, "requests": results}
 
 
-def step_recipe(out_dir: Path, steps: int) -> dict:
+def step_recipe(out_dir: Path, steps: int, model_name: str) -> dict:
     say(f"5. recipe: {steps} HALO SFT steps on GSM8K (homotopy unfreezing, output layers first)")
-    cmd = [sys.executable, "-m", "llmkit.cli", "train", "halo", "--config", str(HALO_CONFIG),
-           "--max_steps", str(steps), "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1",
-           "--max_length", "192", "--max_train_samples", str(2 * steps), "--max_eval_samples", "8",
-           "--max_forget_samples", "8", "--forget_max_length", "192", "--eval_steps", str(steps),
-           "--save_steps", str(steps), "--save_total_limit", "1", "--logging_steps", "1",
-           "--warmup_steps", "0", "--output_dir", str(out_dir / "halo")]
+    # the settings of recipes/configs/halo/smollm2_gsm8k_sft.yaml, given as flags so that the step also runs
+    # from an installed package; the packaged sample's 8 train problems are the training data
+    cmd = [sys.executable, "-m", "llmkit.cli", "train", "halo", "--model_name_or_path", model_name,
+           "--dataset_name", str(GSM8K_SAMPLE / "train.jsonl"), "--eval_data", str(GSM8K_SAMPLE / "test.jsonl"),
+           "--halo_method", "halo", "--halo_homotopy_fraction", "0.5", "--halo_ramp_width", "0.25",
+           "--learning_rate", "1e-4", "--lr_scheduler_type", "constant", "--weight_decay", "0.0",
+           "--max_steps", str(steps), "--per_device_train_batch_size", "2", "--per_device_eval_batch_size", "8",
+           "--gradient_accumulation_steps", "1", "--max_length", "192", "--max_train_samples", str(2 * steps),
+           "--max_eval_samples", "8", "--eval_strategy", "steps", "--eval_steps", str(steps),
+           "--save_strategy", "steps", "--save_steps", str(steps), "--save_total_limit", "1",
+           "--logging_steps", "1", "--warmup_steps", "0", "--report_to", "none", "--use_cpu", "true",
+           "--bf16", "false", "--seed", "0", "--output_dir", str(out_dir / "halo")]
     print("$ llmkit " + " ".join(cmd[3:]), flush=True)
-    subprocess.run(cmd, check=True, cwd=REPO)
+    subprocess.run(cmd, check=True)
     res = json.loads((out_dir / "halo" / "halo_results.json").read_text())
-    print(f"HALO: {res['global_step']} steps, train loss {res['train_loss']:.3f}, eval loss {res['eval_loss']:.3f}, "
-          f"forgetting {res['forgetting']:+.4f}; model and loss curve in {out_dir / 'halo'}")
+    print(f"HALO: {res['global_step']} steps, train loss {res['train_loss']:.3f}, eval loss {res['eval_loss']:.3f}; "
+          f"model and loss curve in {out_dir / 'halo'}")
     return res
 
 
@@ -162,12 +189,26 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m llmkit.demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="default: the bundled smollm2-135m-instruct")
-    ap.add_argument("--limit", type=int, default=20, help="GSM8K problems (default 20)")
-    ap.add_argument("--guard-fit", type=int, default=16, help="IHEval answers to fit the guard on (default 16)")
+    ap.add_argument("--limit", type=int, default=20, help="GSM8K problems of the packaged sample (default 20 of 40)")
+    ap.add_argument("--guard-fit", type=int, default=16, help="answers to fit the guard on (default 16)")
+    ap.add_argument("--iheval", default=None, metavar="DIR",
+                    help="IHEval's benchmark/ folder: fit and probe the guard on it instead of the packaged "
+                    "GSM8K injection set")
     ap.add_argument("--train-steps", type=int, default=4, help="HALO steps (default 4; 0 skips the recipe step)")
-    ap.add_argument("--output", default=str(REPO / "runs" / "demo"))
+    ap.add_argument("--output", default=str(Path("runs") / "demo"), help="results folder (default runs/demo)")
     args = ap.parse_args(argv)
+    from llmkit.cli import UserError
+
+    try:
+        cases = guard_cases(args.iheval)
+    except UserError as e:
+        ap.error(f"--iheval {args.iheval}: {e}")
+    n_cases = min(len(cases[1]), len(cases[2]))
+    if not 0 < args.guard_fit < n_cases:
+        ap.error(f"--guard-fit {args.guard_fit}: between 1 and {n_cases - 1} (the {cases[0]} has {n_cases} "
+                 "prompts per setting, and one of each is kept for the two requests)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from llmkit.engines.hf import HFEngine
     from llmkit.models import DEFAULT_MODEL, materialize_alias
@@ -184,9 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     results = {"model": model_name, "chat": step_chat(engine)}
     results["gsm8k"] = step_gsm8k(engine, out_dir, args.limit)
     results["kv_cache"] = step_kv(engine.model, engine.tokenizer)
-    results["guarded_serving"] = step_guarded_serving(engine, model_name, out_dir, args.guard_fit)
+    results["guarded_serving"] = step_guarded_serving(engine, model_name, out_dir, args.guard_fit, cases)
     if args.train_steps > 0:
-        results["recipe"] = step_recipe(out_dir, args.train_steps)
+        results["recipe"] = step_recipe(out_dir, args.train_steps, model_name)
     results["wall_s"] = time.time() - t0
     (out_dir / "demo.json").write_text(json.dumps(results, indent=2, default=str))
     say(f"done in {results['wall_s']:.0f} s; results in {out_dir / 'demo.json'}")

@@ -1,22 +1,91 @@
-"""`make demo` (python -m llmkit.demo) runs every step end to end on the bundled model."""
+"""`make demo` (python -m llmkit.demo) as a user meets it: the package alone, no ../shared beside it, no network.
+
+The demo runs from a copy of ``llmkit/`` in a temporary folder (so nothing above it is the workspace), with a
+``sitecustomize`` that refuses every connection that is not to this machine (the demo's own server is on
+127.0.0.1) and the Hugging Face offline switches set.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
+NO_NETWORK = '''
+import socket
+
+_connect, _connect_ex = socket.socket.connect, socket.socket.connect_ex
+
+
+def _refuse_remote(sock, address):
+    if sock.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in ("127.0.0.1", "::1", "localhost"):
+        raise OSError(f"no network in this test: connect to {address!r}")
+
+
+def connect(self, address):
+    _refuse_remote(self, address)
+    return _connect(self, address)
+
+
+def connect_ex(self, address):
+    _refuse_remote(self, address)
+    return _connect_ex(self, address)
+
+
+socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
+'''
+
+
+@pytest.fixture(scope="module")
+def outside(tmp_path_factory, repo_root):
+    """(folder holding a copy of the package, environment without network, workspace data or IHEval)."""
+    base = tmp_path_factory.mktemp("user")
+    root = base / "main"
+    shutil.copytree(repo_root / "llmkit", root / "llmkit", ignore=shutil.ignore_patterns("__pycache__"))
+    site = base / "no_network"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NO_NETWORK)
+    env = {k: v for k, v in os.environ.items() if k not in ("LLMKIT_IHEVAL", "PYTHONPATH")}
+    env.update(PYTHONPATH=f"{site}{os.pathsep}{root}", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    assert not (base / "shared").exists()
+    return root, env
+
+
+def test_the_outside_setup_uses_the_copy_and_has_no_network(outside):
+    root, env = outside
+    code = ("import socket, llmkit; print(llmkit.__file__)\n"
+            "try:\n    socket.create_connection(('1.1.1.1', 443), timeout=2)\n"
+            "except OSError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.splitlines()[0] == str(root / "llmkit" / "__init__.py")
+    assert "no network in this test" in out
+
+
+def test_guard_cases_come_from_the_package_unless_iheval_is_given():
+    from llmkit.demo import guard_cases
+
+    what, aligned, conflict = guard_cases(None)
+    assert "injection set" in what and len(aligned) == len(conflict) == 40
+    assert all(s["canary"] and s["messages"][0]["role"] == "system" for s in conflict)
+    assert [s["id"] for s in aligned] == [s["id"] for s in conflict]
+
 
 @pytest.mark.bundled
 @pytest.mark.slow
-def test_demo_runs_every_step(tmp_path, repo_root, shared_data):
+def test_demo_runs_every_step_outside_the_workspace(outside, tmp_path):
+    root, env = outside
     out = tmp_path / "demo"
     proc = subprocess.run([sys.executable, "-m", "llmkit.demo", "--limit", "2", "--guard-fit", "8",
                            "--train-steps", "2", "--output", str(out)],
-                          check=False, cwd=repo_root, capture_output=True, text=True, timeout=900)
+                          check=False, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "no network in this test" not in proc.stdout + proc.stderr
     for step in ("1. chat", "2. GSM8K", "3. KV quantization", "4. guarded serving", "5. recipe"):
         assert f"=== {step}" in proc.stdout
     res = json.loads((out / "demo.json").read_text())
@@ -24,8 +93,11 @@ def test_demo_runs_every_step(tmp_path, repo_root, shared_data):
     assert res["gsm8k"]["n"] == 2 and set(res["gsm8k"]["metrics"]) >= {"strict_match", "flexible_extract"}
     kv = res["kv_cache"]
     assert kv["prompt_tokens"] > 256 and kv["bf16_bytes"] / kv["kv_bytes"]["total"] > 2.5
-    reqs = res["guarded_serving"]["requests"]
+    served = res["guarded_serving"]
+    assert "injection set" in served["cases"]
+    reqs = served["requests"]
     assert [r["setting"] for r in reqs] == ["aligned", "conflict"]
     assert all(isinstance(r["guard"]["score"], float) and r["answer"] for r in reqs)
+    assert all(isinstance(r["leaked_secret"], bool) for r in reqs)
     assert (out / "guard" / "guard.json").is_file()
     assert res["recipe"]["global_step"] == 2 and (out / "halo" / "halo_results.json").is_file()
