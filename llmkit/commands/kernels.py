@@ -66,10 +66,10 @@ def _check_sandbox(unsafe: bool):
     from llmkit.cli import UserError
     from llmkit.tools import sandbox
 
-    ok, why = sandbox.check_available()
-    if not ok and not unsafe:
-        raise UserError(f"{why}. Refusing to run a candidate kernel unconfined; pass --unsafe-no-sandbox to run it "
-                        "without isolation at your own risk.")
+    try:
+        sandbox.require(unsafe, what="a candidate kernel")
+    except sandbox.SandboxUnavailable as e:
+        raise UserError(str(e)) from None
 
 
 def run_verify(args) -> int:

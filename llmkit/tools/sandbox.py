@@ -70,6 +70,7 @@ __all__ = [
     "check_available",
     "run_calls",
     "run_function",
+    "require",
     "gpu_device_nodes",
     "spawn_python",
     "Spawned",
@@ -328,6 +329,18 @@ def check_available() -> tuple[bool, str]:
     return (why is None, why or bw)
 
 
+def require(unsafe: bool = False, what: str = "untrusted code") -> str | None:
+    """The bwrap path when the sandbox works here; None when it does not and ``unsafe`` allows running ``what``
+    without it. Otherwise raises :class:`SandboxUnavailable` saying why and how to opt out."""
+    ok, info = check_available()
+    if ok:
+        return info
+    if unsafe:
+        return None
+    raise SandboxUnavailable(f"{info}. Refusing to run {what} unconfined; pass unsafe=True (--unsafe-no-sandbox) "
+                             "to run it without isolation at your own risk.")
+
+
 def run_calls(code: str, function: str, calls: list, limits: Limits | None = None, *,
               unsafe: bool = False) -> list[Result]:
     """Load ``code`` once in one sandbox and call ``function`` with each entry of ``calls`` (a dict of keyword
@@ -338,13 +351,7 @@ def run_calls(code: str, function: str, calls: list, limits: Limits | None = Non
     calls = list(calls)
     if not calls:
         return []
-    bwrap = None
-    if not unsafe:
-        ok, info = check_available()
-        if not ok:
-            raise SandboxUnavailable(f"{info}. Refusing to run untrusted code unconfined; pass unsafe=True "
-                                     "(--unsafe-no-sandbox) to run it without isolation at your own risk.")
-        bwrap = info
+    bwrap = None if unsafe else require()
     total_timeout = limits.timeout * len(calls) + 2.0
     cpu = limits.cpu_seconds or int(total_timeout) + 1
     with tempfile.TemporaryDirectory(prefix="llmkit-sbx-") as tmp:
@@ -547,13 +554,7 @@ def spawn_python(script: str, args: list[str], indir: str, limits: Limits | None
     ``limits.timeout`` (by ``close()``). Raises :class:`SandboxUnavailable` unless the sandbox works or ``unsafe``.
     """
     limits = limits or Limits()
-    bwrap = None
-    if not unsafe:
-        ok, info = check_available()
-        if not ok:
-            raise SandboxUnavailable(f"{info}. Refusing to run untrusted code unconfined; pass unsafe=True "
-                                     "(--unsafe-no-sandbox) to run it without isolation at your own risk.")
-        bwrap = info
+    bwrap = None if unsafe else require()
     tmp = tempfile.TemporaryDirectory(prefix="llmkit-spawn-")
     work = os.path.join(tmp.name, "work")
     os.mkdir(work)

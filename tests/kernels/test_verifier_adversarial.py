@@ -44,11 +44,12 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def outcomes():
+    ref, good = FIXTURES / "ref_softmax.py", FIXTURES / "good_softmax.py"
     with ThreadPoolExecutor(max_workers=1) as pool:  # a good kernel beside the exploits: still accepted
-        good = pool.submit(verify, FIXTURES / "ref_softmax.py", FIXTURES / "good_softmax.py", "hopper", "bf16",
-                           trials=1, timeout=300)
+        sandboxed = pool.submit(verify, ref, good, "hopper", "bf16", trials=1, timeout=300)
+        unsafe = pool.submit(verify, ref, good, "hopper", "bf16", trials=1, timeout=300, unsafe=True)
         res = run_exploits(EXPLOITS, "hopper", trials=1, timeout=300, parallel=3)
-        return res, good.result()
+        return res, sandboxed.result(), unsafe.result()
 
 
 def test_every_exploit_has_an_expectation():
@@ -72,6 +73,8 @@ def test_good_kernel_is_still_accepted_beside_the_exploits(outcomes):
     assert r["correct"] and r["reasons"] == [] and r["sandboxed"] and r["flags"] == []
     assert set(r["checks"]) == {"outside", "best_effort"} and "no_torch_fallback" in r["checks"]["best_effort"]
     assert len(set(r["shapes"])) == 3  # the example and two shapes drawn at random
+    unsafe = outcomes[2]  # --unsafe-no-sandbox: the same verdict, marked as not isolated
+    assert unsafe["correct"] and unsafe["sandboxed"] is False and unsafe["flags"] == ["unsandboxed"]
 
 
 # ------------------------------------------------------------------------------ no sandboxed run needed

@@ -77,7 +77,7 @@ def main(folder: str, result_fd: int) -> None:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from llmkit.kernels.workbench import compiled as C
-    from llmkit.kernels.workbench.verify import ALLOWED_ATEN
+    from llmkit.kernels.workbench.verify import ALLOWED_ATEN, _flat
 
     device = cfg["device"]
     dtype = getattr(torch, cfg["dtype"]) if cfg["dtype"] else None
@@ -210,7 +210,7 @@ def main(folder: str, result_fd: int) -> None:
             state["notes"].add(f"the profiler's record is unreadable ({type(e).__name__})")
         ops = state["ops"] | {n for n in profiled if n not in ALLOWED_ATEN and n.rstrip("_") not in ALLOWED_ATEN
                               and n not in _INTERPRETER_ATEN}
-        outs = _flat(result, torch)
+        outs = _flat(result)
         in_tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
         aliases = [i for i, o in enumerate(outs) if any(_overlap(o, x) for x in in_tensors)]
         for L in launches:
@@ -229,14 +229,6 @@ def _overlap(a, b) -> bool:
         return False
     pa, pb = sa.data_ptr(), sb.data_ptr()
     return pa < pb + sb.nbytes() and pb < pa + sa.nbytes()
-
-
-def _flat(out, torch) -> list:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _flat(o, torch)]
-    return []
 
 
 def _compile(C, launches_by_kernel: dict, archs: list[str]) -> dict:

@@ -193,10 +193,7 @@ def generate(ref: str | Path, arch: str, endpoint: str, model: str, out_dir: str
     from llmkit.tools import sandbox
 
     if not unsafe:
-        ok, why = sandbox.check_available()
-        if not ok:
-            raise sandbox.SandboxUnavailable(f"{why}. Refusing to verify model-written kernels unconfined; pass "
-                                             "--unsafe-no-sandbox (unsafe=True) to run them without isolation.")
+        sandbox.require(what="model-written kernels")
 
     ref = Path(ref)
     ref_source = ref.read_text()
