@@ -98,7 +98,8 @@ def run_exploits(folder, arch: str = "hopper", *, trials: int = 1, timeout: floa
                  unsafe: bool = False, verify_fn=None) -> dict:
     """{name: {"rejected", "contained", "handled", "reasons"}} for every ``*.py`` candidate in ``folder``.
 
-    In each candidate ``__HOST_DIR__`` becomes a fresh folder in the host's ``/tmp`` (holding a
+    A line ``# __KERNELS__`` in a candidate is replaced by ``folder/_kernels.py`` (its docstring
+    dropped), the helper kernels they share; files starting with ``_`` are not candidates. In each candidate ``__HOST_DIR__`` becomes a fresh folder in the host's ``/tmp`` (holding a
     ``marker`` file and a ``secret.txt``) and ``__PORT__`` a port listening on the host's loopback;
     :data:`CANARY_ENV` is set in this process's environment while they run. ``contained``: nothing
     appeared in the host folder and no connection reached the port; ``handled``: rejected and contained.
@@ -108,9 +109,19 @@ def run_exploits(folder, arch: str = "hopper", *, trials: int = 1, timeout: floa
 
         def verify_fn(ref, cand):
             return verify(ref, cand, arch, "bf16", trials=trials, timeout=timeout, unsafe=unsafe)
-    files = sorted(Path(folder).glob("*.py"))
+    files = sorted(f for f in Path(folder).glob("*.py") if not f.name.startswith("_"))
     if not files:
         raise FileNotFoundError(f"no exploit candidates (*.py) in {folder}")
+    shared = Path(folder) / "_kernels.py"  # helpers the candidates share, spliced in at their KERNELS line
+    if shared.is_file():
+        import ast
+
+        text = shared.read_text()
+        tree = ast.parse(text)
+        doc_end = tree.body[0].end_lineno if ast.get_docstring(tree) else 0
+        shared_code = "\n".join(text.splitlines()[doc_end:]) + "\n"
+    else:
+        shared_code = ""
     prev = os.environ.get(CANARY_ENV)
     with tempfile.TemporaryDirectory(prefix="llmkit-exploits-") as tmp, _host_listener() as (port, got):
         host = Path(tmp) / "host"
@@ -120,7 +131,9 @@ def run_exploits(folder, arch: str = "hopper", *, trials: int = 1, timeout: floa
         cands = Path(tmp) / "candidates"
         cands.mkdir()
         for f in files:
-            (cands / f.name).write_text(f.read_text().replace("__HOST_DIR__", str(host)).replace("__PORT__", str(port)))
+            src = "".join(shared_code if line.startswith("# __KERNELS__") else line
+                          for line in f.read_text().splitlines(keepends=True))
+            (cands / f.name).write_text(src.replace("__HOST_DIR__", str(host)).replace("__PORT__", str(port)))
         os.environ[CANARY_ENV] = "sk-not-a-real-key"
         try:
             with ThreadPoolExecutor(max_workers=parallel) as pool:
