@@ -517,10 +517,14 @@ class _Trial:
                                     cpu_seconds=int(self.timeout * 2) + 10, fsize_mb=64, disk_mb=512, nofile=1024)
             env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TRITON_DEFAULT_FP_FUSION": "1",
                    "TRITON_CACHE_DIR": "{work}/triton", "HOME": "{work}"}
+            binds = [str(_REPO / "llmkit"), *site]
+            libcuda = _libcuda_dir() if gpu else None
+            if libcuda:  # Triton finds libcuda through ldconfig's cache, which the sandbox does not have
+                env["TRITON_LIBCUDA_PATH"] = libcuda
+                binds += [] if libcuda.startswith("/usr/") else [libcuda]
             runner = str(Path(__file__).with_name("candidate_runner.py"))
             self.proc = sandbox.spawn_python(runner, ["{in}", "{result_fd}"], str(self.indir), limits,
-                                             ro_binds=[str(_REPO / "llmkit"), *site], devices=gpu, env=env,
-                                             unsafe=self.unsafe)
+                                             ro_binds=binds, devices=gpu, env=env, unsafe=self.unsafe)
             with self.proc:
                 try:
                     self._drive()
@@ -686,6 +690,21 @@ class _Trial:
         if res.get("timing", {}).get("suspicious"):
             res["flags"].append("suspicious_speedup")
             res["reasons"].append(f"suspicious speedup {res['speedup']:.1f}x > {SUSPICIOUS:g}x: flagged, not trusted")
+
+
+def _libcuda_dir() -> str | None:
+    """The folder holding the host's libcuda.so.1 (from ldconfig's cache), or None."""
+    import subprocess
+
+    for ldconfig in ("/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"):
+        try:
+            out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=10, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        for line in out.splitlines():
+            if "libcuda.so.1" in line and "=>" in line:
+                return os.path.dirname(os.path.realpath(line.split("=>")[-1].strip()))
+    return None
 
 
 _REPO = Path(__file__).resolve().parents[3]
