@@ -288,9 +288,9 @@ def main(argv=None) -> int:
 
     from llmkit.engines.hf import HFEngine
     from llmkit.evals import iheval
+    from llmkit.experiments import guard as X
     from llmkit.generation import GenerationParams
     from llmkit.models import DEFAULT_MODEL, load
-    from llmkit.experiments import guard as X
     from llmkit.serving.guard import Manifold, capture, default_layers
     from llmkit.serving.guard import baselines as B
     from llmkit.serving.guard import evaluation as E
@@ -664,7 +664,8 @@ def main(argv=None) -> int:
            "dispersion_per_layer": {ds: {str(l): v for l, v in per.items()} for ds, per in dispersion.items()},
            "latency": lat, "pass_rate_by_setting": per_setting_pass, "counts": counts,
            "threshold": guard.threshold, "layers": layers,
-           "config": {"model": DEFAULT_MODEL, "tasks": tasks, "limit": limit, "gsm8k_questions": n_gsm,
+           "config": {"model": DEFAULT_MODEL, "engine": engine_kind, "tasks": tasks, "limit": limit,
+                      "gsm8k_questions": n_gsm,
                       "max_new_tokens": max_new, "max_prompt_tokens": max_prompt, "components": args.components,
                       "target_fpr": args.target_fpr, "alpha": args.alpha, "min_tokens": args.min_tokens,
                       "bootstrap": args.bootstrap, "quick": args.quick},

@@ -58,7 +58,7 @@ class Guard:
                  stacker: LinearProbe | None = None):
         kind = meta.get("score", "energy")  # guards saved before the entropic score existed: energy
         if kind not in S.SCORES:
-            raise ValueError(f"unknown guard score '{kind}' in the guard's metadata: choose from "
+            raise ValueError(f"unknown chaos score '{kind}' in the guard's metadata: choose from "
                              f"{', '.join(S.SCORES)}")
         if kind in ("probe", "combined") and probe is None:
             raise ValueError(f"a '{kind}' guard needs its probe weights (probe.* tensors)")
@@ -110,7 +110,7 @@ class Guard:
         kind) is kept out of the fit and used for calibration and the threshold at ``target_fpr``.
         """
         if score not in S.SCORES:
-            raise ValueError(f"unknown guard score '{score}': choose from {', '.join(S.SCORES)}")
+            raise ValueError(f"unknown chaos score '{score}': choose from {', '.join(S.SCORES)}")
         labels = [False] * len(conversations) if labels is None else [bool(y) for y in labels]
         if len(labels) != len(conversations):
             raise ValueError(f"{len(labels)} labels for {len(conversations)} conversations")
@@ -164,7 +164,7 @@ class Guard:
         if not fit or not held:
             raise ValueError("need compliant captures both to fit and to hold out")
         if score not in S.SCORES:
-            raise ValueError(f"unknown guard score '{score}': choose from {', '.join(S.SCORES)}")
+            raise ValueError(f"unknown chaos score '{score}': choose from {', '.join(S.SCORES)}")
         supervised = score not in S.CHAOS_SCORES
         if supervised and not fit_violations:
             raise ValueError(f"the '{score}' score needs violating examples to fit (none given)")

@@ -121,7 +121,7 @@ def test_probe_guard_scores_every_window(tiny_model, tiny_tokenizer, tutor):
                       n_components=8, score="probe")
     prompt = tutor.items(1, 7)[0]["prompt"]
     long_ok = " ".join(tutor.solution(a, a + 1, 3) for a in range(10, 22))
-    ok, late = guard.score(tiny_model, tiny_tokenizer, [tutor.conv(prompt, long_ok),
-                                                         tutor.conv(prompt, long_ok + " " + tutor.items(1, 5)[0]["violating"])])
+    late_answer = long_ok + " " + tutor.items(1, 5)[0]["violating"]
+    ok, late = guard.score(tiny_model, tiny_tokenizer, [tutor.conv(prompt, long_ok), tutor.conv(prompt, late_answer)])
     assert late > guard.threshold > ok
     assert torch.isfinite(torch.tensor([ok, late])).all()
