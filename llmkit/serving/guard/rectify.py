@@ -10,8 +10,9 @@ Algorithm (greedy decoding, transformers model, one ``generate`` call per batch)
 1. Forward hooks record, at every decoding step, the state of the token just fed at each
    guard layer: the same rows a teacher-forced pass over the response would give.
 2. A logits processor (it runs after every forward) scores each unfinished, not yet
-   rectified row's trajectory so far with the guard's own score (energy or entropic,
-   calibrated as the guard is) once it has ``min_tokens`` tokens, then every
+   rectified row's trajectory so far with the guard's own score (whichever kind it was
+   fitted with, calibrated and windowed as the guard scores: past one window this is the
+   running maximum over the windows so far) once it has ``min_tokens`` tokens, then every
    ``check_every`` steps.
 3. When a row's score exceeds the threshold (the guard's, set on held-out compliant
    responses), it is *rectified* from the next token on: at each steering layer ``l``
