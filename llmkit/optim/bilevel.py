@@ -22,27 +22,43 @@ What this module computes (all from Hessian-vector products, never a Hessian):
   Krylov space K(H, b). Cost: one HVP per step.
 * ``pinv_solve(matvec, b, iters, rtol)``: the Ritz pairs (theta_i, u_i) of H on K(H, b); eigenvalues
   with theta_i <= rtol * max theta (and, by default, negative ones) are dropped; returns
-  ``solution = sum_kept u_i (u_i . b) / theta_i`` (H^+ b restricted to the kept spectrum) and
-  ``null_part = b - sum_kept u_i (u_i . b)`` (the part of b along the flat directions). If H has rank r
-  and iters >= r + 1 both are exact in exact arithmetic; otherwise it is truncated Lanczos (the
-  leading curvature directions that b excites).
+  ``solution = sum_kept u_i (u_i . b) / theta_i`` (H^+ b restricted to the kept spectrum), the Ritz
+  residuals and the solve's relative residual (both free from the Lanczos relation). If H has rank r
+  and iters >= r + 1 it is exact in exact arithmetic; otherwise it is truncated Lanczos (the
+  leading curvature directions that b excites) and ``solve_residual`` says how good that model is.
+* ``flat_directions(matvec, d, iters, flat_rtol, probes)``: certified near-null directions of H. Each
+  probe runs Lanczos from a fresh random vector (orthogonal to the directions already found); K(H, v)
+  meets ker H only in the line of P_0 v, and its Ritz vector of least ||H u|| (exact from the Lanczos
+  relation: ||H u||^2 = theta^2 + residual^2) is accepted if ||H u|| <= flat_rtol * max curvature seen.
 * ``hypergradient(inner_loss, outer_loss, params, hparams)``: the formula above at the current y.
   Cost: one forward of g plus one backward with ``create_graph`` (the gradient graph), one forward +
   backward of f, ``iters`` HVPs (each one double-backward through the retained gradient graph, no
   new forward), one more backward through the gradient graph for the mixed term. In "passes": 2
-  forwards, 2 backwards, iters + 1 double-backwards.
-* ``optimistic_select(...)``: ``steps`` iterations of y <- y - lr * null_part(d_y f) (descent on f
-  along the flat directions of g, i.e. along S(x)), each optionally followed by ``retract_steps``
-  gradient steps on g (to return to S(x) when it is curved). Cost per step: a forward+backward of f,
-  a forward+create-graph backward of g, ``iters`` HVPs, plus one forward+backward of g per
-  retraction step.
+  forwards, 2 backwards, iters + 1 double-backwards. It also returns d_y g (how far from stationary
+  the inner problem is) and, with ``flat_probes``, the flat directions at this point.
+* ``optimistic_select(...)``: ``steps`` iterations of y <- y - lr * P_flat d_y f, with P_flat the
+  projector on ``flat_directions`` (descent on f along S(x)), each optionally followed by
+  ``retract_steps`` gradient steps on g (to return to S(x) when it is curved). Cost per step: a
+  forward+backward of f, a forward+create-graph backward of g, ``probes * iters`` HVPs, plus one
+  forward+backward of g per retraction step.
 * ``hgms_step`` = ``optimistic_select`` then ``hypergradient``.
 
+Why the selection's Lanczos starts from a random vector and not from d_y f: from b = d_y f, the
+"part of b off the kept Ritz directions" is the flat part of b only when the Krylov space has captured
+all of range(H) (iters >= rank + 1). With the few iterations that fit an LLM's budget it is mostly
+curvature Lanczos has not reached yet (and, with negative Ritz values dropped, negative curvature), so
+stepping along it moves off S(x). A random start with a certificate (||H u|| small, checked) only
+ever moves along directions that are flat, and finds none -- and does not move -- when the budget is
+too small to certify any.
+
 Deviations: the exact selection is a nonconvex problem over S(x); we take a fixed number of projected
-descent steps from the current point ("among solutions reachable from the current point"). Away from
-a minimizer H may be indefinite; negative Ritz values are dropped (``drop_negative=True``), i.e. we
-invert H on its positive spectrum only. Ritz values below ``rtol * theta_max`` count as zero, which is
-what makes the inverse a pseudoinverse (and bounds its norm by 1 / (rtol * theta_max)).
+descent steps from the current point ("among solutions reachable from the current point"), each in
+the span of the few flat directions its probes certified (randomized subspace descent on S(x): it
+needs about dim S(x) / probes steps per unit of progress, so on an LLM it is a local improvement, not
+the argmin). Away from a minimizer H may be indefinite; negative Ritz values are dropped
+(``drop_negative=True``), i.e. we invert H on its positive spectrum only. Ritz values below
+``rtol * theta_max`` count as zero, which is what makes the inverse a pseudoinverse (and bounds its
+norm by 1 / (rtol * theta_max)).
 
 Everything works on any list of tensors (``params``) and any scalar closures; nothing is LLM-specific.
 """
@@ -94,15 +110,22 @@ class HVP:
 
 
 def lanczos(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, iters: int,
-            breakdown: float = 1e-10) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lanczos on K(H, b) with full reorthogonalisation: returns (Q [k, d] orthonormal rows, T [k, k])."""
+            breakdown: float = 1e-10, *, return_residual: bool = False):
+    """Lanczos on K(H, b) with full reorthogonalisation: returns (Q [k, d] orthonormal rows, T [k, k]).
+
+    With ``return_residual=True`` also the norm beta of the next Lanczos vector, which prices every
+    Ritz pair for free: H Q^T = Q^T T + beta q_next e_k^T, so for a Ritz pair (theta, u = S[:, i]^T Q),
+    ||H u - theta u|| = beta |S[k-1, i]| (0 when the Krylov space is invariant).
+    """
     dtype = b.dtype
     b = b.detach().double()
     nb = b.norm()
     if nb == 0 or iters < 1:
-        return b.new_zeros(0, b.numel()), b.new_zeros(0, 0)
+        out = b.new_zeros(0, b.numel()), b.new_zeros(0, 0)
+        return (*out, b.new_zeros(())) if return_residual else out
     qs = [b / nb]
     alphas, betas = [], []
+    last = b.new_zeros(())
     for j in range(iters):
         w = matvec(qs[j].to(dtype)).detach().double()
         a = torch.dot(w, qs[j])
@@ -111,7 +134,11 @@ def lanczos(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, ite
         for _ in range(2):  # twice is enough (Kahan)
             w = w - Q.T @ (Q @ w)
         beta = w.norm()
-        if j == iters - 1 or beta <= breakdown * max(nb, 1.0) or beta <= breakdown * abs(a):
+        if beta <= breakdown * max(nb, 1.0) or beta <= breakdown * abs(a):
+            last = b.new_zeros(())  # invariant subspace: the Ritz pairs are exact
+            break
+        last = beta
+        if j == iters - 1:
             break
         betas.append(beta)
         qs.append(w / beta)
@@ -120,16 +147,19 @@ def lanczos(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, ite
     if k > 1:
         off = torch.stack(betas[:k - 1])
         T = T + torch.diag(off, 1) + torch.diag(off, -1)
-    return torch.stack(qs[:k]), T
+    return (torch.stack(qs[:k]), T, last) if return_residual else (torch.stack(qs[:k]), T)
 
 
 @dataclass
 class PinvResult:
     solution: torch.Tensor        # H^+ b on the kept spectrum (flat, b's dtype)
-    null_part: torch.Tensor       # b minus its projection on the kept Ritz directions
+    null_part: torch.Tensor       # b minus its projection on the kept Ritz directions (NOT a flat direction
+    #                               in the truncated regime: it also holds the curvature Lanczos has not found)
     ritz_values: torch.Tensor     # all Ritz values found (float64)
     kept: int                     # how many were inverted
     matvecs: int                  # HVPs spent
+    ritz_residuals: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
+    solve_residual: float = 0.0   # ||H x - P_kept b|| / ||P_kept b||: how well the Krylov model solved its part
 
 
 def pinv_solve(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, iters: int = 20,
@@ -141,7 +171,7 @@ def pinv_solve(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, 
         count[0] += 1
         return matvec(v)
 
-    Q, T = lanczos(mv, b, iters)
+    Q, T, beta = lanczos(mv, b, iters, return_residual=True)
     bd = b.detach().double()
     if Q.shape[0] == 0:
         return PinvResult(torch.zeros_like(b), b.detach().clone(), torch.zeros(0, dtype=torch.float64), 0, count[0])
@@ -152,7 +182,70 @@ def pinv_solve(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, 
     coef = U[keep] @ bd
     sol = U[keep].T @ (coef / theta[keep])
     null = bd - U[keep].T @ coef
-    return PinvResult(sol.to(b.dtype), null.to(b.dtype), theta, int(keep.sum()), count[0])
+    # H x - P_kept b = beta q_next sum_kept S[k-1, i] c_i / theta_i (the Lanczos relation; no extra HVP)
+    resid = float(beta * (S[-1, keep] * coef / theta[keep]).sum().abs() / coef.norm().clamp_min(1e-300))
+    return PinvResult(sol.to(b.dtype), null.to(b.dtype), theta, int(keep.sum()), count[0],
+                      ritz_residuals=beta * S[-1].abs(), solve_residual=resid if keep.any() else 0.0)
+
+
+@dataclass
+class FlatResult:
+    basis: torch.Tensor           # [m, d] orthonormal rows (float64): directions u with ||H u|| <= flat_rtol * scale
+    ritz_values: torch.Tensor     # theta of each accepted direction
+    hu_norms: torch.Tensor        # ||H u|| of each (exact from the Lanczos relation: sqrt(theta^2 + residual^2))
+    scale: float                  # largest |Ritz value| seen: the curvature the tolerance is relative to
+    matvecs: int
+
+    def project(self, v: torch.Tensor) -> torch.Tensor:
+        """The part of ``v`` in the certified flat subspace (zero when none was found)."""
+        if self.basis.shape[0] == 0:
+            return torch.zeros_like(v)
+        vd = v.detach().double().to(self.basis.device)
+        return (self.basis.T @ (self.basis @ vd)).to(device=v.device, dtype=v.dtype)
+
+
+def flat_directions(matvec: Callable[[torch.Tensor], torch.Tensor], dim: int, *, iters: int = 20,
+                    flat_rtol: float = 1e-4, probes: int = 1, generator: torch.Generator | None = None,
+                    dtype: torch.dtype = torch.float32, device=None) -> FlatResult:
+    """Near-null directions of H, certified: ``probes`` Lanczos runs, each from a fresh random vector.
+
+    A Krylov space K(H, v) meets the null space of H only in the line of P_0 v (every H^j v, j >= 1,
+    lies in range(H)), so each run can contribute at most one exactly flat direction: its Ritz vector
+    of smallest curvature, accepted only if ||H u|| <= flat_rtol * (largest Ritz value seen). Each start
+    is orthogonalised against the directions already accepted, so p probes find up to p orthogonal
+    ones. In the truncated regime (iters <= rank of H) nothing may pass: then the step stays put rather
+    than move along a direction that has curvature.
+    """
+    basis: list[torch.Tensor] = []
+    thetas, hus = [], []
+    scale, used = 0.0, 0
+    for _ in range(probes):
+        v = torch.randn(dim, generator=generator, dtype=torch.float64)
+        if basis:
+            B = torch.stack(basis)
+            for _ in range(2):
+                v = v - B.T @ (B @ v)
+        Q, T, beta = lanczos(lambda x: matvec(x.to(device=device)), v.to(dtype), iters, return_residual=True)
+        used += Q.shape[0]  # one HVP per Lanczos vector
+        if Q.shape[0] == 0:
+            continue
+        theta, S = torch.linalg.eigh(T)
+        scale = max(scale, float(theta.abs().max()))
+        hu = torch.sqrt(theta ** 2 + (beta * S[-1]) ** 2)
+        i = int(hu.argmin())
+        if scale > 0 and float(hu[i]) <= flat_rtol * scale:
+            u = S[:, i] @ Q
+            if basis:
+                B = torch.stack(basis)
+                u = u - B.T @ (B @ u)
+            if u.norm() > 0.5:  # not a direction already accepted
+                basis.append(u / u.norm())
+                thetas.append(theta[i])
+                hus.append(hu[i])
+    if not basis:
+        z = torch.zeros(0, dtype=torch.float64)
+        return FlatResult(torch.zeros(0, dim, dtype=torch.float64), z, z, scale, used)
+    return FlatResult(torch.stack(basis), torch.stack(thetas), torch.stack(hus), scale, used)
 
 
 @dataclass
@@ -162,16 +255,22 @@ class HyperGradient:
     outer_grad: torch.Tensor      # d_y f (flat)
     solve: PinvResult             # the pseudoinverse solve (solution = H^+ d_y f)
     passes: dict[str, int] = field(default_factory=dict)
+    inner_grad: torch.Tensor | None = None   # d_y g (flat, detached): how far from stationary the inner problem is
+    inner_loss: float | None = None
+    flat: FlatResult | None = None           # with flat_probes > 0: certified flat directions of H at this point
 
 
 def hypergradient(inner_loss: Callable[[], torch.Tensor], outer_loss: Callable[[], torch.Tensor],
                   params: Tensors, hparams: Tensors, *, iters: int = 20, rtol: float = 1e-4,
-                  drop_negative: bool = True) -> HyperGradient:
+                  drop_negative: bool = True, flat_probes: int = 0, flat_rtol: float | None = None,
+                  generator: torch.Generator | None = None) -> HyperGradient:
     """grad F(x) = d_x f - d2g/dxdy H^+ d_y f at the current ``params`` (call after selection).
 
     ``inner_loss()`` and ``outer_loss()`` are closures returning scalars that depend on ``params`` (the
     lower variable y, any subset of a model's tensors, each requiring grad) and ``hparams`` (x, tensors
-    requiring grad). Nothing is modified.
+    requiring grad). Nothing is modified. ``flat_probes > 0`` also runs ``flat_directions`` on the same
+    retained gradient graph (``flat_probes * iters`` more HVPs, no new forward): the selection direction
+    for the next step is ``result.flat.project(result.outer_grad)``.
     """
     params, hparams = list(params), list(hparams)
     f = outer_loss()
@@ -180,6 +279,10 @@ def hypergradient(inner_loss: Callable[[], torch.Tensor], outer_loss: Callable[[
     g = inner_loss()
     hvp = HVP(g, params)
     solve = pinv_solve(hvp, dy_f, iters=iters, rtol=rtol, drop_negative=drop_negative)
+    flat = None
+    if flat_probes > 0:
+        flat = flat_directions(hvp, dy_f.numel(), iters=iters, flat_rtol=rtol if flat_rtol is None else flat_rtol,
+                               probes=flat_probes, generator=generator, dtype=dy_f.dtype, device=dy_f.device)
     q = unflatten(solve.solution.to(dy_f.device), params)
     mixed_dot = sum((gi * qi).sum() for gi, qi in zip(hvp.grads, q) if gi.requires_grad)
     if torch.is_tensor(mixed_dot) and mixed_dot.requires_grad:
@@ -188,38 +291,48 @@ def hypergradient(inner_loss: Callable[[], torch.Tensor], outer_loss: Callable[[
         mixed = [torch.zeros_like(h) for h in hparams]
     grads = [a.detach() - m.detach() for a, m in zip(dx_f, mixed)]
     passes = {"forward": 2, "backward": 2, "double_backward": hvp.count + 1}
-    return HyperGradient(grads, float(f.detach()), dy_f.detach(), solve, passes)
+    return HyperGradient(grads, float(f.detach()), dy_f.detach(), solve, passes,
+                         inner_grad=flatten([gi.detach() for gi in hvp.grads]), inner_loss=float(g.detach()),
+                         flat=flat)
 
 
 @dataclass
 class SelectResult:
     outer_losses: list[float]     # f before each step and at the end
     passes: dict[str, int]
+    flat_dims: list[int] = field(default_factory=list)   # certified flat directions found at each step
 
 
 def optimistic_select(inner_loss: Callable[[], torch.Tensor], outer_loss: Callable[[], torch.Tensor],
                       params: Tensors, *, steps: int = 10, lr: float = 0.1, iters: int = 20, rtol: float = 1e-4,
-                      drop_negative: bool = True, retract_steps: int = 0, retract_lr: float = 0.1) -> SelectResult:
+                      drop_negative: bool = True, retract_steps: int = 0, retract_lr: float = 0.1,
+                      probes: int = 1, flat_rtol: float | None = None,
+                      generator: torch.Generator | None = None) -> SelectResult:
     """Move ``params`` (in place) along the flat directions of g toward lower f: the optimistic selection.
 
-    Each step: y <- y - lr * null_part(d_y f), where null_part removes the components of d_y f along the
-    Ritz directions of H = d2g/dy2 with curvature above rtol * max (so g does not change to second order),
-    then ``retract_steps`` plain gradient steps on g (back onto S(x) if it is curved).
+    Each step: ``flat_directions`` of H = d2g/dy2 from ``probes`` random starts (``iters`` HVPs each;
+    directions with ||H u|| <= flat_rtol * max curvature, default ``rtol``), then
+    y <- y - lr * P_flat d_y f (g does not change to second order), then ``retract_steps`` plain gradient
+    steps on g (back onto S(x) if it is curved). A step that certifies no flat direction does not move.
+    ``drop_negative`` is accepted for compatibility; the selection inverts nothing.
     """
     params = list(params)
     losses: list[float] = []
+    dims: list[int] = []
     passes = {"forward": 0, "backward": 0, "double_backward": 0}
     for _ in range(steps):
         f = outer_loss()
         dy_f = flatten(_grads(f, params))
         losses.append(float(f.detach()))
         hvp = HVP(inner_loss(), params)
-        solve = pinv_solve(hvp, dy_f, iters=iters, rtol=rtol, drop_negative=drop_negative)
+        flat = flat_directions(hvp, dy_f.numel(), iters=iters, flat_rtol=rtol if flat_rtol is None else flat_rtol,
+                               probes=probes, generator=generator, dtype=dy_f.dtype, device=dy_f.device)
+        dims.append(int(flat.basis.shape[0]))
         passes["forward"] += 2
         passes["backward"] += 2
         passes["double_backward"] += hvp.count
         with torch.no_grad():
-            for p, d in zip(params, unflatten(solve.null_part.to(dy_f.device), params)):
+            for p, d in zip(params, unflatten(flat.project(dy_f), params)):
                 p.sub_(lr * d)
         for _ in range(retract_steps):
             gr = _grads(inner_loss(), params)
@@ -230,21 +343,22 @@ def optimistic_select(inner_loss: Callable[[], torch.Tensor], outer_loss: Callab
                     p.sub_(retract_lr * d)
     losses.append(float(outer_loss().detach()))
     passes["forward"] += 1
-    return SelectResult(losses, passes)
+    return SelectResult(losses, passes, dims)
 
 
 def hgms_step(inner_loss: Callable[[], torch.Tensor], outer_loss: Callable[[], torch.Tensor], params: Tensors,
               hparams: Tensors, *, select_steps: int = 10, select_lr: float = 0.1, iters: int = 20,
               rtol: float = 1e-4, drop_negative: bool = True, retract_steps: int = 0,
-              retract_lr: float = 0.1) -> tuple[HyperGradient, SelectResult]:
+              retract_lr: float = 0.1, probes: int = 1, flat_rtol: float | None = None,
+              generator: torch.Generator | None = None) -> tuple[HyperGradient, SelectResult]:
     """HG-MS: optimistic selection (moves ``params``), then the pseudoinverse hypergradient there."""
     sel = optimistic_select(inner_loss, outer_loss, params, steps=select_steps, lr=select_lr, iters=iters,
                             rtol=rtol, drop_negative=drop_negative, retract_steps=retract_steps,
-                            retract_lr=retract_lr)
+                            retract_lr=retract_lr, probes=probes, flat_rtol=flat_rtol, generator=generator)
     hg = hypergradient(inner_loss, outer_loss, params, hparams, iters=iters, rtol=rtol,
                        drop_negative=drop_negative)
     return hg, sel
 
 
-__all__ = ["HVP", "HyperGradient", "PinvResult", "SelectResult", "flatten", "hgms_step", "hypergradient",
-           "lanczos", "optimistic_select", "pinv_solve", "unflatten"]
+__all__ = ["HVP", "FlatResult", "HyperGradient", "PinvResult", "SelectResult", "flat_directions", "flatten",
+           "hgms_step", "hypergradient", "lanczos", "optimistic_select", "pinv_solve", "unflatten"]
