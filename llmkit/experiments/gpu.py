@@ -166,7 +166,8 @@ SERVE_KEYS = ("request_throughput", "output_throughput", "total_token_throughput
 
 
 def served_throughput(model: str = MODEL, num_prompts: int = 256, input_len: int = 512, output_len: int = 128,
-                      max_concurrency: int = 64, **_) -> dict:
+                      max_concurrency: int = 64, engines=("hf", "vllm"), device: str = "cuda", **_) -> dict:
+    """``llmkit serve`` per engine, loaded by ``vllm bench serve``'s client in this process."""
     import tempfile
 
     from vllm.benchmarks.serve import main as bench_main
@@ -174,27 +175,30 @@ def served_throughput(model: str = MODEL, num_prompts: int = 256, input_len: int
     from llmkit.doctor.serve import ServeProcess
     from llmkit.models import resolve
 
-    engines = {"hf": ["--engine", "hf", "--device", "cuda", "--dtype", "bfloat16", "--max-batch-size",
-                      str(max_concurrency)],
-               "vllm": ["--engine", "vllm", "--gpu-memory-utilization", "0.6"]}
+    flags = {"hf": ["--engine", "hf", "--device", device, "--max-batch-size", str(max_concurrency)]
+             + (["--dtype", "bfloat16"] if device == "cuda" else ["--threads", "1"]),
+             "vllm": ["--engine", "vllm"] + (["--gpu-memory-utilization", "0.6"] if device == "cuda" else
+                                             ["--enforce-eager"])}
     out = {"model": model, "num_prompts": num_prompts, "input_len": input_len, "output_len": output_len,
            "max_concurrency": max_concurrency}
+    # random token ids may decode to text that re-tokenizes longer (bytes split by the decoder): leave room
+    max_len = 2 * input_len + output_len + 64
     with tempfile.TemporaryDirectory(prefix="llmkit-gpu-serve-") as tmp:
-        for name, flags in engines.items():
-            with ServeProcess(["--model", model, "--served-model-name", model, "--max-model-len",
-                               str(input_len + output_len + 64), "--max-concurrency", str(4 * max_concurrency),
-                               *flags]) as srv:
+        for name in engines:
+            with ServeProcess(["--model", model, "--served-model-name", model, "--max-model-len", str(max_len),
+                               "--max-concurrency", str(4 * max_concurrency), *flags[name]]) as srv:
                 args = bench_serve_args(model, str(resolve(model)), srv.url, num_prompts, input_len, output_len,
                                         max_concurrency, tmp, name)
                 r = bench_main(args)
-            out[name] = {k: r.get(k) for k in SERVE_KEYS}
-    out["output_throughput_ratio_hf_vs_vllm"] = out["hf"]["output_throughput"] / out["vllm"]["output_throughput"]
+            out[name] = {k: r[k].item() if hasattr(r.get(k), "item") else r.get(k) for k in SERVE_KEYS}  # numpy -> JSON
+    if "hf" in out and "vllm" in out:
+        out["output_throughput_ratio_hf_vs_vllm"] = out["hf"]["output_throughput"] / out["vllm"]["output_throughput"]
     return out
 
 
 def lqzo_int2(steps: int = 600, lrs=(2.5e-4,), seeds: int = 3, batch: int = 8, max_length: int = 256,
               n_train: int = 2000, n_val: int = 32, n_test: int = 64, n_acc: int = 200, data_dir=None,
-              budget_s: float | None = None, group_size: int = 64, **_) -> dict:
+              budget_s: float | None = None, group_size: int = 64, model: str = MODEL, **_) -> dict:
     """LQZO vs QZO at INT2; ``steps`` is cut to what ``budget_s`` allows after timing a few steps."""
     import tempfile
 
@@ -203,7 +207,8 @@ def lqzo_int2(steps: int = 600, lrs=(2.5e-4,), seeds: int = 3, batch: int = 8, m
     from llmkit.train.lqzo.config import LQZOArguments
 
     sp = B.bench_splits(n_train, n_val, n_test, n_acc, seed=0, data_dir=data_dir)
-    model, tok = B.load_model(2, group_size)
+    name = model
+    model, tok = B.load_model(2, group_size, name=name)
     tmp = Path(tempfile.mkdtemp(prefix="llmkit-gpu-lqzo-"))
     runs_per_method = len(lrs) + seeds - 1
     settings = {m: LQZOArguments(zo_method=m, quant_bits=2, quant_group_size=group_size).resolved()
@@ -215,8 +220,11 @@ def lqzo_int2(steps: int = 600, lrs=(2.5e-4,), seeds: int = 3, batch: int = 8, m
         B.train_zo(copy.deepcopy(model), tok, sp["train_ds"], settings["lqzo"], 10, lrs[0], batch, max_length,
                    tmp / "probe")
         per_step = (time.perf_counter() - t0) / 10
-        steps = max(FLOORS["steps"], min(steps, int(0.8 * budget_s / (per_step * 2 * runs_per_method))))
-    res = {"steps": steps, "lrs": list(lrs), "seeds": list(range(seeds)), "batch": batch}
+        fit = int(0.8 * budget_s / (per_step * 2 * runs_per_method))
+        steps = max(min(steps, FLOORS["steps"]), min(steps, fit))
+        res_probe = {"probe_s_per_step": per_step, "steps_that_fit": fit}
+    res = {"model": name, "steps": steps, "lrs": list(lrs), "seeds": list(range(seeds)), "batch": batch,
+           **(res_probe if budget_s else {})}
     for m in ("qzo", "lqzo"):
         def train(mm, lr, seed, m=m):
             return [r["loss"] for r in B.train_zo(mm, tok, sp["train_ds"], settings[m], steps, lr, batch, max_length,
@@ -345,9 +353,10 @@ def dry_run(settings: dict, workdir: Path, data_dir=None) -> dict:
 
         if importlib.util.find_spec("vllm") is None:
             raise RuntimeError("vllm not installed: served_throughput needs it")
-        tiny = prepare_model_path("tiny-llama", workdir)
-        a = bench_serve_args("m", tiny, "http://127.0.0.1:1", 32, 64, 16, 8, str(workdir), "hf")
-        assert a.num_prompts == 32 and a.ignore_eos and a.base_url == "http://127.0.0.1:1", a
+        # the real path on the tiny model: `llmkit serve` (hf engine, CPU) under vLLM's benchmark client
+        r = served_throughput(prepare_model_path("tiny-llama", workdir), num_prompts=4, input_len=32, output_len=8,
+                              max_concurrency=2, engines=("hf",), device="cpu")
+        assert r["hf"]["completed"] == 4 and r["hf"]["output_throughput"] > 0, r
 
     def lqzo():
         from llmkit.train.lqzo.config import LQZOArguments
@@ -356,6 +365,9 @@ def dry_run(settings: dict, workdir: Path, data_dir=None) -> dict:
             LQZOArguments(zo_method=m, quant_bits=2, quant_group_size=64).resolved()
         if data_dir is None or not (Path(data_dir) / "train.jsonl").is_file():
             raise FileNotFoundError(f"GSM8K train.jsonl/test.jsonl not found in {data_dir}; pass --gsm8k-dir")
+        r = lqzo_int2(steps=2, lrs=[1e-3], seeds=2, batch=2, max_length=1024, n_train=8, n_val=2, n_test=2, n_acc=4,
+                      data_dir=data_dir, group_size=32, model=prepare_model_path("tiny-llama", workdir), budget_s=600)
+        assert len(r["paired_lqzo_minus_qzo"]["seeds"]) == 2 and r["steps"] == 2 and r["probe_s_per_step"] > 0, r
 
     for name, fn in (("hawkeye_kernels", hawkeye), ("inquant_decode", decode), ("served_throughput", serve),
                      ("lqzo_int2", lqzo)):

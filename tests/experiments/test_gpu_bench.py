@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -104,7 +105,7 @@ def test_bench_refuses_bad_arguments(repo_root):
         assert p.returncode == 2 and msg in p.stderr, p.stderr[-500:]
 
 
-@pytest.mark.slow  # imports vLLM and runs the tiny model: ~30-60 s on a shared CPU
+@pytest.mark.slow  # imports vLLM, serves and benchmarks the tiny model: ~1-2 min on a shared CPU
 def test_bench_quick_without_a_gpu_exits_0_naming_every_measurement(repo_root, tmp_path):
     p = subprocess.run([sys.executable, "bench/gpu.py", "--quick", "--gsm8k-dir", str(tmp_path)], cwd=repo_root,
                        capture_output=True, text=True, timeout=600, check=False)
@@ -115,4 +116,6 @@ def test_bench_quick_without_a_gpu_exits_0_naming_every_measurement(repo_root, t
     assert last["measurements"] == list(gpu.MEASUREMENTS)
     assert last["rehearsal"]["inquant_decode"] == "ok" and last["rehearsal"]["hawkeye_kernels"] == "ok"
     assert "GSM8K" in last["rehearsal"]["lqzo_int2"]  # an empty data folder is named, not hidden
+    if importlib.util.find_spec("vllm") is not None:  # the tiny model served by `llmkit serve`, loaded by vLLM's client
+        assert last["rehearsal"]["served_throughput"] == "ok"
     assert not (repo_root / "bench" / "results" / "gpu_quick.json").exists()
