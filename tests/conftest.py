@@ -141,3 +141,41 @@ def _restore_torch_threads():
     yield
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
+
+
+_NO_NETWORK_SITE = '''
+import socket
+
+_connect, _connect_ex = socket.socket.connect, socket.socket.connect_ex
+
+
+def _refuse_remote(sock, address):
+    if sock.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in ("127.0.0.1", "::1", "localhost"):
+        raise OSError(f"no network in this test: connect to {address!r}")
+
+
+def connect(self, address):
+    _refuse_remote(self, address)
+    return _connect(self, address)
+
+
+def connect_ex(self, address):
+    _refuse_remote(self, address)
+    return _connect_ex(self, address)
+
+
+socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
+'''
+
+
+@pytest.fixture(scope="session")
+def offline_env(tmp_path_factory) -> dict:
+    """Environment for a subprocess that meets llmkit as a user without network would: a ``sitecustomize`` on
+    PYTHONPATH refuses every connection not to this machine ("no network in this test"), the Hugging Face
+    offline switches are on, and no workspace data (LLMKIT_IHEVAL) is named. Prepend to PYTHONPATH as needed."""
+    site = tmp_path_factory.mktemp("no_network")
+    (site / "sitecustomize.py").write_text(_NO_NETWORK_SITE)
+    env = {k: v for k, v in os.environ.items() if k not in ("LLMKIT_IHEVAL", "PYTHONPATH")}
+    env.update(PYTHONPATH=str(site), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false")
+    return env

@@ -1,8 +1,8 @@
 """`make demo` (python -m llmkit.demo) as a user meets it: the package alone, no ../shared beside it, no network.
 
-The demo runs from a copy of ``llmkit/`` in a temporary folder (so nothing above it is the workspace), with a
-``sitecustomize`` that refuses every connection that is not to this machine (the demo's own server is on
-127.0.0.1) and the Hugging Face offline switches set.
+The demo runs from a copy of ``llmkit/`` in a temporary folder (so nothing above it is the workspace), in the
+``offline_env`` of conftest.py: every connection that is not to this machine is refused (the demo's own server is
+on 127.0.0.1) and the Hugging Face offline switches are set.
 """
 
 from __future__ import annotations
@@ -15,43 +15,14 @@ import sys
 
 import pytest
 
-NO_NETWORK = '''
-import socket
-
-_connect, _connect_ex = socket.socket.connect, socket.socket.connect_ex
-
-
-def _refuse_remote(sock, address):
-    if sock.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in ("127.0.0.1", "::1", "localhost"):
-        raise OSError(f"no network in this test: connect to {address!r}")
-
-
-def connect(self, address):
-    _refuse_remote(self, address)
-    return _connect(self, address)
-
-
-def connect_ex(self, address):
-    _refuse_remote(self, address)
-    return _connect_ex(self, address)
-
-
-socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
-'''
-
 
 @pytest.fixture(scope="module")
-def outside(tmp_path_factory, repo_root):
-    """(folder holding a copy of the package, environment without network, workspace data or IHEval)."""
+def outside(tmp_path_factory, repo_root, offline_env):
+    """(folder holding a copy of the package and nothing else, an environment without network that imports it)."""
     base = tmp_path_factory.mktemp("user")
     root = base / "main"
     shutil.copytree(repo_root / "llmkit", root / "llmkit", ignore=shutil.ignore_patterns("__pycache__"))
-    site = base / "no_network"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(NO_NETWORK)
-    env = {k: v for k, v in os.environ.items() if k not in ("LLMKIT_IHEVAL", "PYTHONPATH")}
-    env.update(PYTHONPATH=f"{site}{os.pathsep}{root}", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = {**offline_env, "PYTHONPATH": f"{offline_env['PYTHONPATH']}{os.pathsep}{root}"}
     assert not (base / "shared").exists()
     return root, env
 

@@ -165,3 +165,17 @@ def test_the_packaged_gsm8k_sample_is_valid_and_licensed(repo_root):
     assert "MIT License" in lic and "Copyright (c) 2021 OpenAI" in lic
     pyproject = (repo_root / "pyproject.toml").read_text()
     assert '"data/gsm8k/*.jsonl"' in pyproject and '"data/gsm8k/LICENSE"' in pyproject
+
+
+def test_offline_hub_error_points_at_data_and_the_packaged_sample(monkeypatch):
+    import datasets
+
+    from llmkit.evals.tasks import get_task
+
+    def offline(*a, **kw):
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(DataError, match="openai/gsm8k") as e:
+        get_task("gsm8k").load(None, limit=2)
+    assert "--data" in str(e.value) and str(GSM8K_SAMPLE) in str(e.value)

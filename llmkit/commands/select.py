@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from llmkit.cli_types import open_unit_float, positive_int
 
+
 def register(sub):
     p = sub.add_parser(
         "select", help="pick the best model/config on a task with adaptive (top-two) sampling",
