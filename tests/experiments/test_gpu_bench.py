@@ -91,6 +91,7 @@ def test_summary_lines_name_each_figure():
     assert gpu.summary_line("lqzo_int2", {"skipped": "budget"}) == "skipped: budget"
 
 
+@pytest.mark.slow  # importing vLLM's benchmark module takes ~15-30 s here
 def test_vllm_bench_client_arguments_parse():
     pytest.importorskip("vllm")
     a = gpu.bench_serve_args("m", "tok", "http://127.0.0.1:9", 64, 512, 128, 16, "/tmp", "hf")
