@@ -100,6 +100,9 @@ def run_method(method: str, cfg: dict, files: dict, work: Path, reference: str |
     res["target_loss"] = completion_loss(model, tok, target_rows, max_length=256)
     res["heldout_loss"] = completion_loss(model, tok, heldout["gsm8k"], max_length=256)
     res["math500_loss"] = completion_loss(model, tok, heldout["math500"], max_length=384)
+    if method == "uniform":  # DoReMi's reference: saved before the accuracy eval merges the adapter
+        trainer.save_model(str(out / "final"))
+        res["model_dir"] = str(out / "final")
     if cfg["acc_n"]:
         from llmkit.engines.hf import HFEngine
         from llmkit.evals.harness import run_eval
@@ -108,9 +111,6 @@ def run_method(method: str, cfg: dict, files: dict, work: Path, reference: str |
         s = run_eval("gsm8k", HFEngine(model=merged.eval(), tokenizer=tok, batch_size=16),
                      data=str(DATA / "gsm8k" / "test.jsonl"), limit=cfg["acc_n"], max_new_tokens=256, progress=False)
         res["heldout_accuracy"] = s["accuracy"]
-    if method == "uniform":
-        trainer.save_model(str(out / "final"))
-        res["model_dir"] = str(out / "final")
     del trainer, model
     gc.collect()
     return res

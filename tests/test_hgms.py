@@ -259,11 +259,21 @@ def test_tiny_recipe_baselines_two_steps(repo_root, tmp_path, mixture, weighting
         assert res["extra_passes"]["forward"] > 0
 
 
-def test_tiny_recipe_lora_doremi_uses_the_base_model_as_reference(repo_root, tmp_path, mixture):
+def test_tiny_recipe_lora_doremi_trains_a_uniform_reference_first_and_its_weights_move(repo_root, tmp_path, mixture):
+    """DoReMi's reference is a model trained on the uniform mixture (saved as an adapter before any merge),
+    not the base model: the excess losses are then nonzero from the first update and the weights move
+    (with the base model as reference they stayed exactly 0.5 on this noisy mixture)."""
     out, res = _run(repo_root, tmp_path, mixture, "--weighting", "doremi", "--use_peft", "true", "--lora_r", "4",
-                    "--lora_target_modules", "q_proj", "v_proj")
-    assert res["global_step"] == 2 and (out / "adapter_config.json").is_file()
-    assert res["extra_passes"]["forward"] == 2 * 2 * 2 * 2  # 2 updates x (model + reference) x 2 sources x 2
+                    "--lora_target_modules", "q_proj", "v_proj", "--max_steps", "3")
+    assert res["global_step"] == 3 and (out / "adapter_config.json").is_file()
+    assert (out / "doremi_reference" / "adapter_config.json").is_file() and res["reference_steps"] == 3
+    assert res["extra_passes"]["forward"] == 3 * 2 * 2 * 2  # 3 updates x (model + reference) x 2 sources x 2
+    w = json.loads((out / "source_weights.json").read_text())
+    moved = [abs(h["weights"]["noisy"] - 0.5) for h in w["history"]]
+    assert moved and min(moved) > 1e-3, w["history"]
+    logs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    excess = [r["excess_gsm8k"] + r["excess_noisy"] for r in logs if "excess_gsm8k" in r]
+    assert excess and all(e > 0 for e in excess)
 
 
 def test_cli_rejects_unknown_weighting_and_missing_target(repo_root, tmp_path, capsys, mixture):

@@ -36,8 +36,8 @@ ODM); (b) the selection is one projected step per update from one Lanczos, not a
 over a parameter subset and a probe batch, truncated at ``iters`` Ritz pairs; (d) selection trains on
 target examples, so it is off by default (``hgms_select_lr: 0``) and its examples are reported.
 
-Baselines on the same trainer (``weighting:``): uniform; DoReMi (excess loss over a reference model,
-``doremi_reference_model``); DoGE (gradient alignment with the target); ODM (EXP3, loss as reward).
+Baselines on the same trainer (``weighting:``): uniform; DoReMi (excess loss over a reference model
+that the recipe first trains on the uniform mixture, as DoReMi does, or ``doremi_reference_model``); DoGE (gradient alignment with the target); ODM (EXP3, loss as reward).
 Rules in ``weights.py``.
 """
 

@@ -63,8 +63,10 @@ class HgmsArguments:
                 "default and its tokens are reported)"})
 
     doremi_reference_model: str | None = field(default=None, metadata={
-        "help": "DoReMi's reference model (DoReMi trains it on the uniform mixture first); default: the "
-                "starting model (with use_peft: the base model without the adapter)"})
+        "help": "DoReMi's reference model (a model folder or a LoRA adapter folder); default: train one on "
+                "the uniform mixture first, as DoReMi does (same settings, saved to output_dir/doremi_reference)"})
+    doremi_reference_steps: int | None = field(default=None, metadata={
+        "help": "optimizer steps of that uniform reference run (default: max_steps)"})
     odm_decay: float = field(default=0.9, metadata={"help": "ODM: moving-average factor of the reward estimates"})
 
     def __post_init__(self):

@@ -5,6 +5,9 @@
 * ``shuffled_answers(records, seed)``: the same questions with the answers permuted across questions
   (a derangement: no row keeps its own answer). The result reads like GSM8K but teaches nothing about
   solving the question it follows -- a source that should lose weight.
+* ``random_word_answers(records, seed)``: the same questions, each answer replaced by as many words
+  drawn at random from the pooled words of all answers (same vocabulary, no structure, no arithmetic):
+  a corrupted source.
 * ``gsm8k_noisy_mixture(gsm8k_train, out_dir, ...)``: disjoint slices of GSM8K train -> a clean source,
   a shuffled-answers source, and a validation (target) file, written as JSONL under ``out_dir``.
   Built at run time from a local GSM8K train file or the hub's ``openai/gsm8k``; nothing is copied into
@@ -77,6 +80,18 @@ def shuffled_answers(records: list[dict], seed: int = 0, fields: tuple[str, str]
     shift = random.Random(seed + 1).randrange(1, n)
     src = {order[i]: order[(i + shift) % n] for i in range(n)}
     return [{q: records[i][q], a: records[src[i]][a]} for i in range(n)]
+
+
+def random_word_answers(records: list[dict], seed: int = 0,
+                        fields: tuple[str, str] = ("question", "answer")) -> list[dict]:
+    """Each answer replaced by the same number of words drawn uniformly from all the answers' words."""
+    q, a = fields
+    pool = [w for r in records for w in str(r[a]).split()]
+    if not pool:
+        raise ValueError("random_word_answers: the answers hold no words")
+    rng = random.Random(seed)
+    return [{q: r[q], a: " ".join(rng.choice(pool) for _ in range(max(len(str(r[a]).split()), 1)))}
+            for r in records]
 
 
 def write_jsonl(records: list[dict], path: str | Path) -> Path:

@@ -5,7 +5,9 @@ weights, history, counters; resume with ``--resume_from_checkpoint true``), the 
 adapter), ``metrics.jsonl`` (losses, ``weight/<source>``, the method's signal), ``loss_curve.png``,
 ``source_weights.json`` (``{"final": {name: w}, "history": [{"step": s, "weights": {...}}]}``),
 ``source_weights.png`` and ``hgms_results.json`` (losses on the target and held-out sets after
-training, examples per source, extra passes and seconds spent on weighting).
+training, examples per source, extra passes and seconds spent on weighting). With ``weighting: doremi``
+and no ``doremi_reference_model``, ``doremi_reference/`` holds the reference model DoReMi trains first
+on the uniform mixture (its steps are part of DoReMi's cost: ``reference_steps`` in the results).
 """
 
 from __future__ import annotations
@@ -52,7 +54,35 @@ def build_mixture(args: HgmsArguments):
     return concatenate_datasets(parts), sizes, target_ds, target_rows, heldout_rows
 
 
-def _reference_model(args: HgmsArguments, model_args: ModelConfig, model, out: Path, is_main: bool):
+REFERENCE_DIR = "doremi_reference"
+
+
+def _train_reference(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args: ModelConfig, out: Path,
+                     is_main: bool):
+    """DoReMi's step 1: train the same starting model on the uniform mixture, save it (before anything
+    could merge an adapter into it), and return it frozen."""
+    ref_hg = copy.deepcopy(hgms_args)
+    ref_hg.weighting = "uniform"
+    ref_ta = copy.deepcopy(training_args)
+    ref_ta.output_dir = str(out / REFERENCE_DIR)
+    ref_ta.save_strategy = "no"
+    ref_ta.eval_strategy = "no"
+    ref_ta.resume_from_checkpoint = None
+    if hgms_args.doremi_reference_steps:
+        ref_ta.max_steps = hgms_args.doremi_reference_steps
+    if is_main:
+        print(f"[hgms] doremi: training the reference model on the uniform mixture for {ref_ta.max_steps} "
+              f"steps first ({ref_ta.output_dir})", flush=True)
+    trainer, *_ = make_trainer(ref_hg, ref_ta, model_args, out=out, is_main=is_main)
+    trainer.train()
+    trainer.save_model(ref_ta.output_dir)
+    ref = trainer.accelerator.unwrap_model(trainer.model)
+    del trainer
+    return ref
+
+
+def _reference_model(args: HgmsArguments, training_args: HgmsConfig, model_args: ModelConfig, out: Path,
+                     is_main: bool):
     if args.weighting != "doremi":
         return None
     if args.doremi_reference_model:
@@ -62,10 +92,8 @@ def _reference_model(args: HgmsArguments, model_args: ModelConfig, model, out: P
         ref_args.model_name_or_path = args.doremi_reference_model
         ref_args.use_peft = False
         ref, _ = load_for_training(ref_args, output_dir=out, seed=0, is_main=is_main)
-    elif model_args.use_peft:
-        return None  # the trainer switches the adapter off: the base model is the reference
     else:
-        ref = copy.deepcopy(model)
+        ref = _train_reference(args, training_args, model_args, out, is_main)
     ref.eval().requires_grad_(False)
     return ref
 
@@ -91,8 +119,8 @@ def make_trainer(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args
         train_ds, sizes, target_ds, target_rows, heldout_rows = build_mixture(hgms_args)
     except (DataError, ValueError) as e:
         raise UserError(str(e)) from None
+    reference = _reference_model(hgms_args, training_args, model_args, out, is_main)
     model, tok = load_for_training(model_args, output_dir=out, seed=0, is_main=is_main)
-    reference = _reference_model(hgms_args, model_args, model, out, is_main)
     names = [s.name for s in hgms_args.parsed_sources]
     controller = WeightController(names, hgms_args.weighting, initial=hgms_args.initial_weights,
                                   lr=hgms_args.weights_lr, smoothing=hgms_args.weights_smoothing,
@@ -165,6 +193,8 @@ def main(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args: ModelC
             "weight_updates": c.updates,
             "extra_passes": c.passes,
             "selection_examples": c.select_examples,
+            "reference_steps": (hgms_args.doremi_reference_steps or training_args.max_steps)
+            if hgms_args.weighting == "doremi" and not hgms_args.doremi_reference_model else 0,
             "weighting_seconds": c.update_seconds,
             "train_wall_s": wall,
         }
