@@ -8,6 +8,10 @@ Figures (library code in ``llmkit/kernels/workbench/report.py``):
 - the verifier against its bad-candidate set (wrong on a non-example shape, zero output, cached
   output, torch fallback, infinite loop): how many it rejects, and against correct candidates:
   how many it accepts;
+- the verifier against the adversarial candidates of ``tests/kernels/exploits/`` (forged verdict,
+  switched-off recorder, popped dispatch modes, the reference fished out, input mutation, aliased,
+  NaN and constant outputs, a numpy escape, a host file write, a loopback connection, host
+  secrets): how many it rejects with nothing escaping, judged from outside as well;
 - per kernel (the good candidates and the project's own kernels: InQuant quantize/pack and
   unpack/dequantize, the ZO low-rank perturbation): correctness, the strategies found in the code
   compiled for each target, and on a GPU the speedup over eager PyTorch and over ``torch.compile``
@@ -31,6 +35,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+EXPLOITS = Path(__file__).resolve().parents[1] / "tests" / "kernels" / "exploits"
 
 
 def main() -> int:
@@ -55,6 +60,11 @@ def main() -> int:
     for name, r in bad.items():
         print(f"verifier bad '{name}': {'rejected' if not r['correct'] else 'ACCEPTED'} -- "
               f"{(r['reasons'] or ['no reason'])[0][:110]}")
+    exploits = report.run_exploits(EXPLOITS, args.arch, trials=trials, timeout=300, parallel=args.parallel)
+    for name, r in exploits.items():
+        verdict = "rejected" if r["rejected"] else "ACCEPTED"
+        print(f"verifier exploit '{name}': {verdict}, {'contained' if r['contained'] else 'ESCAPED'} -- "
+              f"{(r['escaped'] or r['reasons'] or ['no reason'])[0][:110]}")
     kernels = report.verify_set(report.GOOD_CANDIDATES + report.PROJECT_KERNELS, args.arch, trials=trials,
                                 parallel=args.parallel, strategies_for=ARCHS)
     good_names = [n for n, *_ in report.GOOD_CANDIDATES]
@@ -68,9 +78,12 @@ def main() -> int:
         "quick": args.quick, "arch": args.arch, "trials": trials,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (Triton interpreter)",
         "strategy_tests": suite,
-        "verifier_bad": bad, "kernels": kernels,
+        "verifier_bad": bad, "verifier_exploits": exploits, "kernels": kernels,
         "strategy_tests_passed": suite["passed"], "strategy_tests_total": suite["total"],
         "verifier_bad_rejected": sum(not r["correct"] for r in bad.values()), "verifier_bad_total": len(bad),
+        # an exploit counts as rejected when the verdict says so and nothing escaped to the host
+        "verifier_exploits_rejected": sum(r["handled"] for r in exploits.values()),
+        "verifier_exploits_total": len(exploits),
         "verifier_good_accepted": sum(bool(kernels[n]["correct"]) for n in good_names),
         "verifier_good_total": len(good_names),
         "project_kernels_correct": sum(bool(kernels[n]["correct"]) for n, *_ in report.PROJECT_KERNELS),
@@ -95,7 +108,7 @@ def main() -> int:
     (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=2))
     _plot(out, RESULTS / f"{stem}.png")
     keys = ("strategy_tests_passed", "strategy_tests_total", "verifier_bad_rejected", "verifier_bad_total",
-            "verifier_good_accepted", "verifier_good_total", "project_kernels_correct", "project_kernels_total")
+            "verifier_exploits_rejected", "verifier_exploits_total", "verifier_good_accepted", "verifier_good_total", "project_kernels_correct", "project_kernels_total")
     print(json.dumps({k: out[k] for k in keys}))
     return 0
 
@@ -107,14 +120,15 @@ def _plot(out: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     per = out["strategy_tests"]["per_arch"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.5))
     archs = list(per)
     a.bar(archs, [per[x]["total"] for x in archs], color="#ddd", label="strategies in taxonomy")
     a.bar(archs, [per[x]["passed"] for x in archs], color="#3a7", label="tests pass (CPU)")
     a.set_title("strategy tests per architecture")
     a.legend(fontsize=8)
-    labels = ["bad rejected", "good accepted", "project kernels correct"]
+    labels = ["bad rejected", "exploits rejected", "good accepted", "project kernels correct"]
     vals = [(out["verifier_bad_rejected"], out["verifier_bad_total"]),
+            (out["verifier_exploits_rejected"], out["verifier_exploits_total"]),
             (out["verifier_good_accepted"], out["verifier_good_total"]),
             (out["project_kernels_correct"], out["project_kernels_total"])]
     b.bar(labels, [t for _, t in vals], color="#ddd")
