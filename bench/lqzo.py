@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CELLS = ("mezo", "qzo_int4", "lqzo_int4", "qzo_int2", "lqzo_int2", "qlora_nf4")
 # other pieces --only can name: the untrained metrics per precision, the memory / step-time probes
-PIECES = ("fp", "int4", "int2", "probes")
+PIECES = ("fp", "int4", "int2", "probes", "estimator")
 
 
 def _floats(text: str) -> list[float]:
@@ -81,6 +81,8 @@ def main() -> int:
     ap.add_argument("--skip-qlora", action="store_true", help="leave out the QLoRA training run (its memory probe stays)")
     ap.add_argument("--skip", type=_cells, default=[],
                     help="run cells to leave out of this result (recorded as skipped, their summary keys null)")
+    ap.add_argument("--estimator-seeds", type=int, default=None,
+                    help="draws of the directions per variant in the estimator-quality table (quick 6, full 16)")
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "llmkit-lqzo-bench"))
     args = ap.parse_args()
     if args.skip_qlora:
@@ -212,6 +214,17 @@ def main() -> int:
         f.write_text(json.dumps({"config": probe_config, "memory": memory}, indent=1) + "\n")
         return memory
 
+    def estimator():  # the estimator-quality table (llmkit.experiments.lqzo_estimator): seconds per estimate
+        part = load_part("estimator")
+        if part is None:
+            from llmkit.experiments.lqzo_estimator import bench_table
+
+            n = args.estimator_seeds or (6 if args.quick else 16)
+            table = bench_table(lambda bits: B.load_model(bits, args.group_size, args.cache), sp["val_rows"][:4],
+                                seeds=range(n), max_length=args.max_length, log=lambda m: print(m, flush=True))
+            part = save_part("estimator", table)
+        return part
+
     res: dict = {"model": B.MODEL, "quick": args.quick, "zo_steps": steps, "forward_passes_per_method": fwd,
                  "config": config, "accuracy_task": "sentiment", "runs": {}}
     todo = args.only if args.only is not None else [c for c in CELLS if c not in args.skip]
@@ -259,6 +272,10 @@ def main() -> int:
         part["test_loss"], part["test_accuracy"] = loss, acc
     if args.only is not None and "probes" in todo:
         probes()
+    if args.only is None or "estimator" in todo:
+        res["estimator_quality"] = estimator()
+    elif load_part("estimator") is not None:
+        res["estimator_quality"] = load_part("estimator")
     missing = [c for c in CELLS if c not in res["runs"]]
     if missing:
         print(f"saved parts in {parts}; still missing: {', '.join(missing)} (summary not written)", flush=True)
@@ -339,6 +356,7 @@ def main() -> int:
         "step_time_ratio_vs_2fwd": time_ratio,
         "step_time_ratio_from_zo_overhead": machinery_ratio,
         "forward_passes_per_method": fwd,
+        **(res.get("estimator_quality") or {}).get("keys", {}),
     }
     res["summary"] = summary
     (out_dir / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")

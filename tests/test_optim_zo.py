@@ -246,6 +246,41 @@ def test_seedzo_update_matches_the_formula():
     zo.update(10, d, lr=0.1, weight_decay=[0.0, 0.5])
     zs = [zo.z(10, k, 0) for k in range(2)]
     zw = [zo.z(10, k, 1) for k in range(2)]
-    assert torch.allclose(s, s0 * (1 - 0.1 * (0.7 * zs[0] - 1.3 * zs[1]) / 2), atol=1e-6)
+    assert torch.allclose(s, s0 * torch.exp(-0.1 * (0.7 * zs[0] - 1.3 * zs[1]) / 2), atol=1e-6)
     assert torch.allclose(w, w0 * (1 - 0.05) - 0.1 * (0.7 * zw[0] - 1.3 * zw[1]) / 2, atol=1e-6)
     assert SeedZO([s], clip=1.0).clipped([5.0, -0.5, -9.0]) == [1.0, -0.5, -1.0]
+
+
+def test_lazy_v_conditional_expectation_is_the_gradient_projected_on_v_and_unbiased_over_v():
+    """At the shipped v_interval (10) V is shared by the steps of a window and by the q directions, so given V the
+    estimate is biased: E[d z | V] = G V V^T / r on the factorized 2-D view (E[U U^T] = I). Over V it is G."""
+    from llmkit.optim.zo import _generator, isotropic_shape, mix_seed, sample
+
+    torch.manual_seed(0)
+    shape, rank, q = (12, 8), 2, 100
+    grad = torch.randn(shape)
+    x = torch.zeros(shape)
+    zo = SeedZO([x], modes=["add"], mu=1e-3, num_directions=q, rank=rank, distribution="rademacher",
+                isotropic=True, v_interval=10, seed=7)
+
+    def loss():  # linear: the central difference is the exact directional derivative
+        return (grad * x).sum()
+
+    m, n = isotropic_shape(shape)
+    g2 = grad.reshape(m, n)
+
+    def window_mean(window):
+        est = torch.zeros(shape)
+        for step in range(window * 10, window * 10 + 10):
+            for k in range(q):
+                d, _, _ = zo.projected(loss, step, k)
+                est += d * zo.z(step, k, 0) / (10 * q)
+        return est
+
+    est0 = window_mean(0)
+    v = sample((n, rank), _generator(mix_seed(7, 0x5EED, 0, 0), None), "rademacher")
+    cond = (g2 @ v @ v.T / rank).reshape(shape)
+    assert (est0 - cond).norm() / cond.norm() < 0.2
+    assert (est0 - grad).norm() / grad.norm() > 0.5, "given V the estimate should not be the full gradient"
+    over_v = sum(window_mean(w) for w in range(8)) / 8  # 8 windows = 8 draws of V
+    assert (over_v - grad).norm() / grad.norm() < (est0 - grad).norm() / grad.norm()

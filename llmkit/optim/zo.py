@@ -37,8 +37,9 @@ Public pieces:
 * ``SeedZO``: the memory-lean engine for big models (MeZO's seed trick) over any list of tensors:
   ``estimate(loss_fn, step)`` returns the q projected derivatives, ``update(step, d, lr, wd)`` applies
   ``x -= lr * mean_k d_k z_k`` regenerating each ``z_k``. Each tensor is perturbed additively
-  (``x + mu z``) or multiplicatively (``x * (1 + mu z)``: ZO coordinates relative to the current value,
-  used for quantization scales whose magnitudes span decades). Restore is exact (a copy of the
+  (``x + mu z``; ``add_nonneg`` also projects onto ``x >= 0`` after each update, QZO's rule for its scales) or
+  multiplicatively (``x * (1 + mu z)``: ZO coordinates relative to the current value, used for quantization
+  scales whose magnitudes span decades; the update is a step on ``log |x|``, so a scale never dies). Restore is exact (a copy of the
   perturbed tensors held for the step, cheap when they are the scales) or MeZO's regenerate-and-subtract
   (no copy, a few ulps of drift per step).
 
@@ -65,6 +66,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 DISTRIBUTIONS = ("gaussian", "rademacher")
+MODES = ("add", "add_nonneg", "mul")
 _MASK = (1 << 63) - 1
 
 
@@ -245,7 +247,8 @@ class SeedZO:
 
     Args:
         params: the tensors to perturb and update (modified in place).
-        modes: per tensor ``"add"`` (``x + mu z``) or ``"mul"`` (``x * (1 + mu z)``); default all add.
+        modes: per tensor ``"add"`` (``x + mu z``), ``"add_nonneg"`` (additive, projected onto ``x >= 0`` after
+            each update: QZO's scales) or ``"mul"`` (``x * (1 + mu z)``, updated on ``log |x|``); default all add.
         mu: perturbation size. num_directions: q. clip: RSC-ZO/QZO clip of each projected derivative.
         distribution: ``gaussian`` | ``rademacher``. rank: 0 = full-rank iid entries; r > 0 = low-rank
         ``U V^T / sqrt(r)`` for 2-D+ tensors. isotropic: regroup before factorizing (``isotropic_shape``).
@@ -266,8 +269,8 @@ class SeedZO:
             raise ValueError(f"clip must be positive or None, got {clip}")
         self.params = list(params)
         self.modes = list(modes) if modes is not None else ["add"] * len(self.params)
-        if len(self.modes) != len(self.params) or any(m not in ("add", "mul") for m in self.modes):
-            raise ValueError("modes must give 'add' or 'mul' for each tensor")
+        if len(self.modes) != len(self.params) or any(m not in MODES for m in self.modes):
+            raise ValueError(f"modes must give one of {', '.join(MODES)} for each tensor, got {self.modes}")
         if not exact_restore and "mul" in self.modes:
             raise ValueError("multiplicative perturbation needs exact_restore=True")
         self.mu, self.q, self.clip = float(mu), int(num_directions), clip
@@ -364,8 +367,16 @@ class SeedZO:
 
     @torch.no_grad()
     def update(self, step: int, d: Sequence[float], lr: float, weight_decay: float | Sequence[float] = 0.0) -> None:
-        """``x -= lr * (mean_k d_k z_k + wd x)`` (add) or ``x *= max(1 - lr * (mean_k d_k z_k + wd), 0)`` (mul: the
-        factor is projected onto >= 0, QZO's non-negativity projection of the scales in relative form)."""
+        """Apply ``g = mean_k d_k z_k`` to every tensor, by its mode:
+
+        * ``add``: ``x -= lr * (g + wd x)``.
+        * ``add_nonneg`` (QZO): the same, then ``x = max(x, 0)``: QZO's projection of the scales.
+        * ``mul``: ``x *= exp(-lr * (g + wd))``, a step on ``log |x|``. The perturbation ``x (1 + mu z)``
+          makes ``d_k`` the directional derivative in log coordinates (``x * grad``), so this is plain ZO-SGD
+          on ``log |x|``: a scale keeps its sign and can never reach 0, however large a step (the earlier
+          ``x *= max(1 - lr g, 0)`` zeroed a scale for good after one large step, and a zero scale has a zero
+          relative perturbation, so it never moved again). To first order in ``lr g`` both are the same step.
+        """
         wds = list(weight_decay) if isinstance(weight_decay, (list, tuple)) else [weight_decay] * len(self.params)
         q = len(d)
         for i, p in enumerate(self.params):
@@ -378,12 +389,13 @@ class SeedZO:
             if self.modes[i] == "mul":
                 if delta is None and not wds[i]:
                     continue
-                factor = torch.full(p.shape, 1.0 - lr * wds[i], device=p.device) if delta is None \
-                    else delta.mul_(-lr).add_(1.0 - lr * wds[i])
-                # QZO's projection max(s, 0): a step never flips a scale's sign (a too-large step zeroes it)
-                p.data.mul_(factor.clamp_min_(0.0).to(p.dtype))
+                log_step = torch.full(p.shape, -lr * wds[i], device=p.device) if delta is None \
+                    else delta.mul_(-lr).sub_(lr * wds[i])
+                p.data.mul_(log_step.exp_().to(p.dtype))
             else:
                 if wds[i]:
                     p.data.mul_(1.0 - lr * wds[i])
                 if delta is not None:
                     p.data.add_(delta.to(p.dtype), alpha=-lr)
+                if self.modes[i] == "add_nonneg":
+                    p.data.clamp_(min=0.0)

@@ -16,15 +16,20 @@ lags full precision, worst at 2 bits. LQZO adds three pieces, each a switch here
 Step (``trainer.py``, the estimator in ``llmkit.optim.zo.SeedZO``): for k < q, two forwards under
 ``torch.no_grad()`` at ``s (1 + mu z_k)`` and ``s (1 - mu z_k)``, ``d_k = (l+ - l-) / 2 mu``, optionally
 clipped (``--zo_clip``: QZO's clipping, the same scalar clipping as RSC-ZO), then
-``s <- s max(1 - lr mean_k d_k z_k, 0)`` (the max is QZO's non-negativity projection of the scales, in
-relative form: a too-large step zeroes a scale instead of flipping its sign). No perturbation is stored
-(MeZO's seed trick), no optimizer state.
+``s <- s exp(-lr mean_k d_k z_k)``: ZO-SGD on ``log s`` (``d_k`` is the directional derivative in those
+coordinates), so a scale keeps its sign and a large step cannot zero it for good. The forwards run in eval
+mode (MeZO's choice: with dropout, the two passes of a pair would see different masks). No perturbation is
+stored (MeZO's seed trick), no optimizer state.
+
+The QZO baseline (``--zo_method qzo``) is QZO as its paper defines it: full-rank Gaussian ``s +- mu z``
+(additive), each ``d_k`` clipped to ``[-C, C]``, ``s <- max(s - lr mean_k d_k z_k, 0)``
+(``--zo_scale_mode add``).
 
 Deviations, and why:
-* Scales are perturbed and updated multiplicatively (ZO coordinates relative to the current scale):
+* LQZO's scales are perturbed multiplicatively and updated on ``log s`` (``--zo_scale_mode log``):
   scales span orders of magnitude across layers and groups, so one absolute mu would be a 30% change
-  in some groups and nothing in others. This is plain ZO-SGD in the coordinates theta with
-  s = s_ref (1 + theta), i.e. QZO up to a diagonal preconditioner.
+  in some groups and nothing in others. This is plain ZO-SGD in ``log s``, i.e. QZO's additive step up to
+  a diagonal preconditioner ``s^2`` to first order; the abstract does not say which coordinates LQZO uses.
 * The quantizer is our own (``quant.py`` says why): asymmetric group-wise with integer zero points
   and MSE-searched initial ranges; codes are stored one per byte (not packed).
 * Exact restore: the trainable tensors (scales, ~1/group of the weights) are copied once per direction

@@ -10,11 +10,19 @@ ZO_METHODS = ("lqzo", "qzo", "mezo")
 TASKS = ("sentiment", "compare", "none")
 
 # what each --zo_method means when the individual switches are left unset (None)
+# QZO (Shang et al., "Fine-tuning Quantized Neural Networks with Zeroth-order Optimization") perturbs the scales
+# additively (s +- mu z), clips each directional derivative to [-C, C] and projects the scales onto s >= 0.
+# Its C is our choice (the paper's value is not in the abstract); --zo_clip overrides it.
+QZO_CLIP = 100.0
 PRESETS = {
-    "lqzo": {"rank": 4, "distribution": "rademacher", "isotropic": True, "quantized": True},
-    "qzo": {"rank": 0, "distribution": "gaussian", "isotropic": False, "quantized": True},
-    "mezo": {"rank": 0, "distribution": "gaussian", "isotropic": False, "quantized": False},
+    "lqzo": {"rank": 4, "distribution": "rademacher", "isotropic": True, "quantized": True, "scale_mode": "log",
+             "clip": None},
+    "qzo": {"rank": 0, "distribution": "gaussian", "isotropic": False, "quantized": True, "scale_mode": "add",
+            "clip": QZO_CLIP},
+    "mezo": {"rank": 0, "distribution": "gaussian", "isotropic": False, "quantized": False, "scale_mode": "add",
+             "clip": None},
 }
+SCALE_MODES = ("log", "add")
 
 
 @dataclass
@@ -36,9 +44,13 @@ class LQZOArguments:
                 "before the low-rank factorization. Unset: lqzo true, qzo/mezo false"})
     zo_clip: float | None = field(default=None, metadata={
         "help": "clip each projected derivative (l+ - l-)/(2 mu) to [-c, c] (QZO's clipping = RSC-ZO's scalar "
-                "clipping, robust to heavy-tailed noise); unset: no clipping"})
+                f"clipping, robust to heavy-tailed noise); 0 = no clipping. Unset: qzo {QZO_CLIP}, lqzo/mezo none"})
+    zo_scale_mode: str | None = field(default=None, metadata={
+        "help": "how the quantization scales are perturbed and updated: log (s * (1 + mu z), the step taken on "
+                "log s, so a scale keeps its sign and never dies) or add (s + mu z, then s = max(s, 0): QZO). "
+                "Unset: lqzo log, qzo add", "choices": list(SCALE_MODES)})
     zo_mu: float = field(default=1e-3, metadata={
-        "help": "perturbation size: relative for scales (s * (1 + mu z)), absolute for other tensors (x + mu z)"})
+        "help": "perturbation size: relative for scales in log mode (s * (1 + mu z)), absolute otherwise (x + mu z)"})
     zo_num_directions: int = field(default=1, metadata={"help": "q: perturbations per step (2q forward passes)"})
     zo_v_interval: int = field(default=10, metadata={
         "help": "LOZO's lazy sampling: the V factor of U V^T is redrawn every N steps (1: every step)"})
@@ -86,8 +98,10 @@ class LQZOArguments:
             raise ValueError(f"zo_distribution must be rademacher or gaussian, got {self.zo_distribution!r}")
         if self.zo_rank is not None and self.zo_rank < 0:
             raise ValueError(f"zo_rank must be >= 0, got {self.zo_rank}")
-        if self.zo_clip is not None and self.zo_clip <= 0:
-            raise ValueError(f"zo_clip must be positive, got {self.zo_clip}")
+        if self.zo_clip is not None and self.zo_clip < 0:
+            raise ValueError(f"zo_clip must be positive (or 0 for no clipping), got {self.zo_clip}")
+        if self.zo_scale_mode is not None and self.zo_scale_mode not in SCALE_MODES:
+            raise ValueError(f"zo_scale_mode must be one of {', '.join(SCALE_MODES)}, got {self.zo_scale_mode!r}")
         if self.zo_mu <= 0 or self.zo_num_directions < 1 or self.zo_v_interval < 1:
             raise ValueError("zo_mu must be > 0, zo_num_directions >= 1, zo_v_interval >= 1")
         if self.accuracy_task not in TASKS:
@@ -101,7 +115,8 @@ class LQZOArguments:
             "rank": p["rank"] if self.zo_rank is None else self.zo_rank,
             "distribution": p["distribution"] if self.zo_distribution is None else self.zo_distribution,
             "isotropic": p["isotropic"] if self.zo_isotropic_groups is None else bool(self.zo_isotropic_groups),
-            "clip": self.zo_clip,
+            "clip": p["clip"] if self.zo_clip is None else (self.zo_clip or None),
+            "scale_mode": p["scale_mode"] if self.zo_scale_mode is None else self.zo_scale_mode,
             "mu": self.zo_mu,
             "num_directions": self.zo_num_directions,
             "v_interval": self.zo_v_interval,

@@ -108,7 +108,7 @@ def main(zo_args: LQZOArguments, training_args: LQZOConfig, model_args: ModelCon
         out.mkdir(parents=True, exist_ok=True)
         save_resolved_config(out, zo_args, training_args, model_args)
         print(f"[lqzo] {settings['method']}: rank {settings['rank']}, {settings['distribution']}, isotropic "
-              f"{settings['isotropic']}, clip {settings['clip']}, q {settings['num_directions']}; outputs in "
+              f"{settings['isotropic']}, scales {settings['scale_mode']}, clip {settings['clip']}, q {settings['num_directions']}; outputs in "
               f"{out.resolve()}", flush=True)
 
     model, tok = load_for_training(model_args, output_dir=out, seed=0, is_main=is_main)

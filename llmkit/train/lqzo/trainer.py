@@ -37,7 +37,8 @@ from llmkit.train.lqzo.quant import QUANT_CONFIG, QUANT_FILE, QuantLinear, dequa
 def zo_trainable(model: nn.Module, settings: dict) -> tuple[list[str], list[torch.Tensor], list[str], list[float]]:
     """``(names, tensors, modes, decay)`` that the ZO step perturbs and updates.
 
-    Quantized model: every QuantLinear's ``scale`` (multiplicative), plus 1-D norm weights and biases
+    Quantized model: every QuantLinear's ``scale`` (``mul``, a step on log s, when ``scale_mode`` is log;
+    ``add_nonneg``, QZO's additive step projected onto s >= 0, when add), plus 1-D norm weights and biases
     when ``train_norms`` (additive). Full precision (MeZO): every floating parameter, additive;
     2-D matrices decay with weight_decay, 1-D tensors do not (the HF Trainer's rule).
     """
@@ -48,7 +49,8 @@ def zo_trainable(model: nn.Module, settings: dict) -> tuple[list[str], list[torc
             continue
         if quantized:
             if n.endswith(".scale"):
-                names.append(n), tensors.append(p), modes.append("mul"), decay.append(0.0)
+                mode = "add_nonneg" if settings.get("scale_mode", "log") == "add" else "mul"
+                names.append(n), tensors.append(p), modes.append(mode), decay.append(0.0)
             elif settings.get("train_norms") and p.dim() == 1:
                 names.append(n), tensors.append(p), modes.append("add"), decay.append(0.0)
         else:
@@ -92,7 +94,7 @@ class LQZOTrainer(SFTTrainer):
         self.zo = SeedZO(tensors, modes=modes, mu=s["mu"], num_directions=s["num_directions"], clip=s["clip"],
                          distribution=s["distribution"], rank=s["rank"], isotropic=s["isotropic"],
                          v_interval=s["v_interval"], seed=self.args.seed,
-                         exact_restore=("mul" in modes))  # MeZO on raw weights: regenerate, no copy
+                         exact_restore=any(m != "add" for m in modes))  # MeZO on raw weights: regenerate, no copy
         self.zo_names, self._decay_mask = names, decay
         self._acc: list[float] | None = None
         self._last_d: list[float] = []
@@ -114,7 +116,9 @@ class LQZOTrainer(SFTTrainer):
     # ---------------------------------------------------------------- the ZO step
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        model.train()
+        # eval mode, as MeZO: with dropout on, the +mu and -mu passes would see different masks and their
+        # difference would measure the masks, not the perturbation
+        model.eval()
         inputs = self._prepare_inputs(inputs)
         step = self.state.global_step
         loss_is_scaled = self.model_accepts_loss_kwargs and num_items_in_batch is not None
