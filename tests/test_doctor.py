@@ -299,3 +299,24 @@ def test_zero2_check_launches_accelerate_with_the_zero2_config_and_quotes_a_fail
     assert cmd[1:3] == ["-m", "accelerate.commands.launch"]
     assert cmd[cmd.index("--config_file") + 1].endswith("recipes/accelerate/zero2.yaml")
     assert cmd[cmd.index("--num_processes") + 1] == "4" and cmd[cmd.index("--max_steps") + 1] == "2"
+
+
+def test_what_checks_print_goes_to_stderr_so_json_stays_one_object(monkeypatch, capfd):
+    import os
+
+    from llmkit.cli import main
+    from llmkit.doctor import checks as registry
+
+    def chatty(ctx):
+        print("{'loss': 1.23}  <- a trainer's log line")
+        os.write(1, b"written to fd 1 by C code\n")
+        return "done"
+
+    monkeypatch.setattr(registry, "CHECKS", [Check("chatty", "", chatty)])
+    assert main(["doctor", "--json"]) == 0
+    out, err = capfd.readouterr()
+    assert json.loads(out)["checks"][0]["detail"] == "done"  # nothing else on stdout
+    assert "a trainer's log line" in err and "by C code" in err
+    assert main(["doctor"]) == 0
+    out, err = capfd.readouterr()
+    assert "chatty" in out and "ok" in out and "a trainer's log line" in err

@@ -8,6 +8,10 @@ when no check failed, 1 otherwise (2 for bad arguments).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+
 
 def register(sub):
     from llmkit.doctor.checks import CHECKS
@@ -77,6 +81,25 @@ def _quiet() -> None:
     logging.set_verbosity_error()
 
 
+@contextlib.contextmanager
+def _chatter_to_stderr(fd_level: bool):
+    """What the checks print (trainer logs, recipe lines, library INFO) goes to stderr, so stdout holds the
+    report alone. ``fd_level`` also moves writes to file descriptor 1 (C code, subprocesses inheriting it):
+    ``--json`` must print one object and nothing else."""
+    sys.stdout.flush()
+    saved = os.dup(1) if fd_level else None
+    if fd_level:
+        os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        if fd_level:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
 def run(args) -> int:
     import json
 
@@ -87,13 +110,16 @@ def run(args) -> int:
     select_checks(args.only, CHECKS)  # a wrong name fails before anything runs
     _quiet()
     if args.json:
-        report = build_report(args.only, args.quick, args.model)
+        with _chatter_to_stderr(fd_level=True):
+            report = build_report(args.only, args.quick, args.model)
         print(json.dumps(report))
     else:
         # the environment first, then each check's line as it finishes (a GPU run takes minutes)
         env = environment()
         print("environment\n" + format_environment(env) + "\nchecks", flush=True)
-        report = build_report(args.only, args.quick, args.model, env=env,
-                              progress=lambda r: print(result_line(r), flush=True))
+        out = sys.stdout
+        with _chatter_to_stderr(fd_level=False):
+            report = build_report(args.only, args.quick, args.model, env=env,
+                                  progress=lambda r: print(result_line(r), file=out, flush=True))
         print(summary_line(report))
     return 0 if report["ok"] else 1
