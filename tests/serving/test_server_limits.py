@@ -254,3 +254,24 @@ def test_serve_flags_reach_the_server_config(monkeypatch):
     assert (cfg.max_body_bytes, cfg.body_timeout_s, cfg.max_concurrency) == (1000, 2.5, 3)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--max-body-bytes", "0"])
+
+
+def test_hostile_clients_over_a_real_socket(engine):
+    """The bench's hostile senders: refused early, a slow but complete body still answered."""
+    from llmkit.experiments.hostile_http import chunked_flood, declared_oversize, trickle
+
+    app = _app(engine, max_body_bytes=LIMIT, body_timeout_s=1.0)
+    good = json.dumps({"messages": MSG, "max_tokens": 2}).encode()
+    with BackgroundServer(app) as srv:
+        async def run():
+            return await asyncio.gather(
+                declared_oversize(srv.host, srv.port, CHAT, 300_000_000),
+                chunked_flood(srv.host, srv.port, CHAT, cap=256 << 20),
+                trickle(srv.host, srv.port, CHAT, good, pieces=4, delay=0.1),
+                trickle(srv.host, srv.port, CHAT, good, pieces=4, delay=0.1, stall=True))
+
+        big, flood, slow, stalled = asyncio.run(run())
+    assert big["status"] == 413 and big["sent"] == 1024
+    assert flood["status"] == 413 and flood["sent"] < 64 << 20  # answered long before the 256 MB were sent
+    assert slow["status"] == 200 and json.loads(slow["text"])["choices"]
+    assert stalled["status"] == 408 and stalled["seconds"] < 10
