@@ -35,11 +35,12 @@ MODEL = "smollm2-135m-instruct"
 
 # full-size settings and their estimated seconds on one H100 (first run, compile caches cold)
 FULL = {
-    "hawkeye_kernels": {"est_s": 90, "kernels": 5, "trials": 2},
-    "inquant_decode": {"est_s": 70, "contexts": [2048, 4096, 8000], "batch": 8, "new_tokens": 128},
-    "served_throughput": {"est_s": 150, "num_prompts": 256, "input_len": 512, "output_len": 128,
+    # each kernel: a fresh verifier process, Triton compiles, torch.compile of the reference (~25 s)
+    "hawkeye_kernels": {"est_s": 125, "kernels": 5, "trials": 1},
+    "inquant_decode": {"est_s": 65, "contexts": [2048, 4096, 8000], "batch": 8, "new_tokens": 128},
+    "served_throughput": {"est_s": 130, "num_prompts": 256, "input_len": 512, "output_len": 128,
                           "max_concurrency": 64},
-    "lqzo_int2": {"est_s": 170, "steps": 600, "lrs": [2.5e-4, 5e-4], "seeds": 3, "batch": 8, "max_length": 256,
+    "lqzo_int2": {"est_s": 160, "steps": 600, "lrs": [2.5e-4, 5e-4], "seeds": 3, "batch": 8, "max_length": 256,
                   "n_train": 2000, "n_val": 32, "n_test": 64, "n_acc": 200},
 }
 # what each size shrinks to at most (below this the figure means nothing)
