@@ -110,10 +110,20 @@ def _g_gsm8k(d, _):
 
 def _g_detect(d, _):
     f, a, p = d["figures"], d["auroc_intervals"]["aeo"], d["auroc_intervals"]["probe"]
-    return (f"Out-of-fold AUROC energy {f['cv_auroc_energy']:.3f} vs entropic {f['cv_auroc_entropic']:.3f} (default: "
-            f"{f['default_score']}); test AUROC {a['auroc']:.3f} [{a['low']:.3f}, {a['high']:.3f}] on {a['n_pos']} "
+    chosen = "" if "default_worst_cross_auroc" in f else f" (default: {f['default_score']})"
+    return (f"Out-of-fold AUROC energy {f['cv_auroc_energy']:.3f} vs entropic {f['cv_auroc_entropic']:.3f}{chosen}; "
+            f"test AUROC {a['auroc']:.3f} [{a['low']:.3f}, {a['high']:.3f}] on {a['n_pos']} "
             f"violations / {a['n_neg']} compliant, realized FPR {f['realized_fpr']:.3f} for a {f['target_fpr']:.2f} "
             f"target; a supervised probe {p['auroc']:.3f} [{p['low']:.3f}, {p['high']:.3f}].")
+
+
+def _g_cross(d, _):
+    f, k = d["figures"], d["figures"]["default_score"]
+    worst = ", ".join(f"{s} {f['worst_cross_auroc_' + s]:.3f}" for s in ("energy", "entropic", "probe", "combined"))
+    return (f"Fitted on one source and tested on another it never saw ({', '.join(d['cross_source_comparable_pairs'])}), "
+            f"the worst-case AUROC is {worst}; the default score is {k} (best worst case, "
+            f"{f['default_worst_cross_auroc']:.3f}), with a realized FPR of {f['default_realized_fpr_cross']:.3f} on the "
+            f"unseen sources' clean answers at the threshold fitted for a {f['target_fpr_cross']:.2f} target.")
 
 
 def _g_arms(d, _):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from report_findings import (
     _g_arms,
+    _g_cross,
     _g_detect,
     _g_gsm8k,
     _g_iheval,
@@ -45,7 +46,7 @@ KV = {"title": "InQuant 4-bit KV cache", "about": "Perplexity, capacity, quantiz
           "findings": said(_kv_ppl, _kv_long, _kv_off, _kv_base, _kv_cap)}
 GUARD = {"title": "AEO hidden-state guard", "about": "Dispersion asymmetry per layer, detection on IHEval and a GSM8K "
              "injection set, and the corrections, with bootstrap intervals.",
-             "findings": said(_g_iheval, _g_gsm8k, _g_detect, _g_arms)}
+             "findings": said(_g_iheval, _g_gsm8k, _g_detect, _g_cross, _g_arms)}
 HALO = {"title": "HALO vs full finetuning, step-wise unfreezing and LISA", "about": "SFT of the bundled model on GSM8K: "
             "steps to a validation target, final loss and forgetting, each schedule at its swept rate.",
             "findings": lambda d, load: _halo_size(d, load) + said(_halo_control)(d, load)}
