@@ -158,7 +158,7 @@ def test_sandbox_check_runs_a_call_and_fails_on_a_wrong_answer(tmp_path, monkeyp
 def test_hf_engine_check_cpu_path_uses_the_inquant_cache_and_a_guard(tmp_path, monkeypatch):
     from llmkit.doctor import checks
 
-    detail = checks.hf_engine(Context(tmp_path, quick=True, device="cpu"))
+    detail = checks.hf_engine(Context(tmp_path, device="cpu"))
     assert "InQuant cache" in detail and "guard scores" in detail
 
 
@@ -169,7 +169,7 @@ def test_hf_engine_check_fails_when_the_cache_never_quantizes(tmp_path, monkeypa
     # a prompt shorter than one quantization group never reaches the 4-bit store: the check says so
     monkeypatch.setattr(checks, "SYSTEM", "")
     with pytest.raises(AssertionError, match="no packed 4-bit data"):
-        checks.hf_engine(Context(tmp_path, quick=True, device="cpu"))
+        checks.hf_engine(Context(tmp_path, device="cpu"))
 
 
 def test_inquant_comparison_passes_equal_kernels_and_names_a_mismatch():

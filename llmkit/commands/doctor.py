@@ -22,13 +22,13 @@ def register(sub):
                        f"{names}. GPU checks are skipped without a GPU. Exit 0 when nothing failed.")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--quick", action="store_true",
-                   help="leave out the slow checks (vLLM, strategy tests, multi-GPU) and use the tiny in-process "
-                   "model for the CPU engine")
+                   help="leave out the slow checks (vLLM serving and rollouts, strategy tests, multi-GPU)")
     p.add_argument("--only", default=None, metavar="NAME,...",
                    help=f"run only these checks (comma-separated; of {names}); on a CPU-only machine this also "
                    "runs the CPU path of a GPU check that has one")
     p.add_argument("--model", default=None, help="model for the engine/recipe checks (default: the bundled "
-                   "smollm2-135m-instruct; the tiny in-process model for training on CPU)")
+                   "smollm2-135m-instruct on a GPU, the tiny in-process model on CPU; e.g. --model "
+                   "smollm2-135m-instruct checks the bundled model on CPU too)")
     p.set_defaults(func=run)
 
 
