@@ -66,14 +66,14 @@ __all__ = [
     "Limits",
     "Result",
     "SandboxUnavailable",
+    "Spawned",
     "bwrap_path",
     "check_available",
+    "gpu_device_nodes",
+    "require",
     "run_calls",
     "run_function",
-    "require",
-    "gpu_device_nodes",
     "spawn_python",
-    "Spawned",
 ]
 
 

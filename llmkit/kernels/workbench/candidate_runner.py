@@ -49,7 +49,8 @@ def _frame(write, obj) -> None:
 
 
 def _setup(folder: str):
-    cfg = json.loads(open(os.path.join(folder, "config.json")).read())
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = json.load(f)
     import resource
 
     if cfg.get("nproc"):
@@ -184,22 +185,22 @@ def main(folder: str, result_fd: int) -> None:
 
             try:
                 with torch.no_grad():
-                    reply["ms"] = time_gpu(lambda: new(*inputs))
+                    reply["ms"] = time_gpu(lambda inputs=inputs: new(*inputs))
             except Exception as e:  # noqa: BLE001
                 send({"error": f"{type(e).__name__}: {str(e)[-400:]}", "stage": "time"})
                 continue
         state.update(notes=set(), ops=set(), escapes=set())
         watch = Watch()
         try:
-            with C.capture(interpret=cfg["interpret"]) as launches, torch.no_grad():
-                with torch.autograd.profiler.profile(use_cpu=True) as prof, watch:
-                    state["forward"] = True
-                    try:
-                        result = new(*inputs)
-                        if watch not in pyd._get_current_dispatch_mode_stack():
-                            state["notes"].add("removed the verifier's dispatch mode")
-                    finally:
-                        state["forward"] = False
+            with (C.capture(interpret=cfg["interpret"]) as launches, torch.no_grad(),
+                  torch.autograd.profiler.profile(use_cpu=True) as prof, watch):
+                state["forward"] = True
+                try:
+                    result = new(*inputs)
+                    if watch not in pyd._get_current_dispatch_mode_stack():
+                        state["notes"].add("removed the verifier's dispatch mode")
+                finally:
+                    state["forward"] = False
         except BaseException as e:  # noqa: BLE001
             send({"error": f"{type(e).__name__}: {str(e)[-400:]}", "stage": "forward"})
             continue

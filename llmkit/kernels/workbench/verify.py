@@ -310,7 +310,7 @@ def _load(path: Path):
     sys.modules[name] = mod  # dataclasses and the like look their module up while it executes
     try:
         spec.loader.exec_module(mod)
-    except Exception as e:  # noqa: BLE001 - the user's reference is unusable
+    except Exception as e:  # the user's reference is unusable, whatever the reason
         raise VerifyInputError(f"reference {path} failed to import: {type(e).__name__}: {e}") from e
     finally:
         sys.modules.pop(name, None)
@@ -469,7 +469,7 @@ class _Trial:
             raise _Stop(f"the candidate's process sent {n} bytes (more than {FRAME_CAP}): rejected")
         try:
             msg = torch.load(io.BytesIO(self._read(n)), weights_only=True)
-        except Exception as e:  # noqa: BLE001 - anything but plain tensors and values is refused
+        except Exception as e:  # anything but plain tensors and values is refused
             raise _Stop(f"unreadable answer from the candidate's process ({type(e).__name__})") from e
         if not isinstance(msg, dict):
             raise _Stop("unreadable answer from the candidate's process (not a dict)")
