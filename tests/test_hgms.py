@@ -111,6 +111,35 @@ def test_hgms_two_source_toy_moves_all_weight_to_the_source_that_matches_the_tar
     assert all(x < y for x, y in itertools.pairwise(wa[:6])) and wa[-1] > 0.95 and min(wa[5:]) > 0.9
 
 
+def test_hgms_trust_is_one_near_a_minimizer_and_zero_when_an_assumption_plainly_fails():
+    from llmkit.train.hgms.weights import hgms_trust
+
+    assert hgms_trust(0.8, 0.0, 0.0)["trust"] == 1.0  # gradient shrinking, PSD, exact solve
+    assert hgms_trust(2.0, 0.0, 0.0)["trust"] == 0.0  # inner gradient doubled since the first update
+    assert hgms_trust(1.0, 0.5, 0.0)["trust"] == 0.0  # a saddle: negative curvature half the largest
+    assert hgms_trust(1.0, 0.0, 1.0)["trust"] == 0.0  # the Krylov solve explains nothing
+    t = hgms_trust(1.5, 0.25, 0.5)
+    assert (t["trust_stationarity"], t["trust_curvature"], t["trust_solve"]) == (0.5, 0.5, 0.5)
+    assert t["trust"] == pytest.approx(0.125)
+    assert hgms_trust(float("nan"), 0.0, 0.0)["trust"] == 0.0
+    assert hgms_trust(1.0, -0.3, 0.0)["trust"] == 1.0  # a positive smallest Ritz value is no penalty
+
+
+def test_controller_damps_by_trust_and_refuses_at_the_floor():
+    c = WeightController(["a", "b"], "hgms", lr=1.0, smoothing=0.0)
+    assert c.apply_score(0, torch.tensor([1.0, 0.0]), trust=0.5)
+    np.testing.assert_allclose(c.probs(), [np.exp(0.5) / (np.exp(0.5) + 1), 1 / (np.exp(0.5) + 1)])
+    before = c.probs().copy()
+    assert not c.apply_score(1, torch.tensor([1.0, 0.0]), trust=0.04, min_trust=0.05)
+    np.testing.assert_allclose(c.probs(), before)
+    assert c.refused == 1 and [h["step"] for h in c.history] == [0, 1]
+    # the stationarity reading: smoothed gradient norm over the first one
+    assert c.grad_ratio(2.0) == 1.0 and c.grad_ratio(4.0) == pytest.approx((0.7 * 2 + 0.3 * 4) / 2)
+    c2 = WeightController(["a", "b"], "hgms")
+    c2.load(json.loads(json.dumps(c.state())))
+    assert (c2.refused, c2.inner_grad_ref, c2.inner_grad_ema) == (1, 2.0, c.inner_grad_ema)
+
+
 # ---------------------------------------------------------------- LLM glue
 
 

@@ -62,6 +62,22 @@ class HgmsArguments:
                 "toward lower target loss (0 = no selection step; it trains on target data, so it is off by "
                 "default and its tokens are reported)"})
 
+    hgms_select_probes: int = field(default=1, metadata={
+        "help": "optimistic selection: random-start Lanczos runs per update, each certifying at most one flat "
+                "direction of the inner Hessian (probes * hgms_lanczos_iters extra Hessian-vector products)"})
+    hgms_trust: bool = field(default=True, metadata={
+        "help": "damp each weight step by how much the hypergradient can be believed (llmkit.train.hgms.weights."
+                "hgms_trust): 1 near an inner minimizer with a good Hessian model, 0 far from one"})
+    hgms_max_grad_ratio: float = field(default=2.0, metadata={
+        "help": "trust 0 once the (smoothed) inner gradient norm reaches this multiple of its first value"})
+    hgms_max_negative_curvature: float = field(default=0.5, metadata={
+        "help": "trust 0 once the most negative Ritz value reaches this fraction of the largest (a saddle, not "
+                "a minimizer)"})
+    hgms_max_solve_residual: float = field(default=1.0, metadata={
+        "help": "trust 0 once the Lanczos solve's relative residual reaches this (1: no better than no solve)"})
+    hgms_min_trust: float = field(default=0.05, metadata={
+        "help": "refuse the weight update (weights unchanged, counted as weight_refusals) at or below this trust"})
+
     doremi_reference_model: str | None = field(default=None, metadata={
         "help": "DoReMi's reference model (a model folder or a LoRA adapter folder); default: train one on "
                 "the uniform mixture first, as DoReMi does (same settings, saved to output_dir/doremi_reference)"})
@@ -85,6 +101,11 @@ class HgmsArguments:
             raise ValueError("weights_update_interval must be >= 1")
         if not 0 <= self.weights_smoothing < 1:
             raise ValueError("weights_smoothing must be in [0, 1)")
+        if self.hgms_max_grad_ratio <= 1 or self.hgms_max_negative_curvature <= 0 or self.hgms_max_solve_residual <= 0:
+            raise ValueError("hgms_max_grad_ratio must be > 1, hgms_max_negative_curvature and "
+                             "hgms_max_solve_residual > 0")
+        if self.hgms_select_probes < 1:
+            raise ValueError("hgms_select_probes must be >= 1")
 
 
 @dataclass

@@ -133,7 +133,11 @@ def make_trainer(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args
                   controller=controller, source_sizes=sizes, probe_batch_size=hgms_args.probe_batch_size,
                   param_last_layers=hgms_args.hgms_last_layers, param_regex=hgms_args.hgms_param_regex,
                   lanczos_iters=hgms_args.hgms_lanczos_iters, rtol=hgms_args.hgms_rtol,
-                  select_lr=hgms_args.hgms_select_lr, reference_model=reference)
+                  select_lr=hgms_args.hgms_select_lr, select_probes=hgms_args.hgms_select_probes,
+                  reference_model=reference, min_trust=hgms_args.hgms_min_trust,
+                  trust={"max_grad_ratio": hgms_args.hgms_max_grad_ratio,
+                         "max_negative_curvature": hgms_args.hgms_max_negative_curvature,
+                         "max_solve_residual": hgms_args.hgms_max_solve_residual} if hgms_args.hgms_trust else None)
     return trainer, tok, target_rows, heldout_rows
 
 
@@ -191,6 +195,7 @@ def main(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args: ModelC
             "source_examples": dict(zip(c.names, c.source_examples)),
             "train_tokens": int(getattr(trainer, "_total_train_tokens", 0)),
             "weight_updates": c.updates,
+            "weight_refusals": c.refused,
             "extra_passes": c.passes,
             "selection_examples": c.select_examples,
             "reference_steps": (hgms_args.doremi_reference_steps or training_args.max_steps)

@@ -9,8 +9,9 @@ Costs, with K sources and P examples per probe batch (counted in example-passes;
 * ``per_source_losses`` (DoReMi: model and reference): K*P forwards each.
 * ``doge_signal``: (K+1)*P forwards, (K+1)*P backwards (restricted to the parameter subset).
 * ``hgms_signal``: (K+1)*P forwards, (K+1)*P backwards (one of them with ``create_graph``), and
-  (iters+1)*K*P double-backwards (Lanczos HVPs + the mixed term), all through the parameter subset
-  only: with the default subset (last 2 decoder layers) each backward stops there.
+  (iters+1)*K*P double-backwards (Lanczos HVPs + the mixed term), plus probes*iters*K*P more with the
+  optimistic selection on, all through the parameter subset only: with the default subset (last 2
+  decoder layers) each backward stops there.
 """
 
 from __future__ import annotations
@@ -103,20 +104,35 @@ def doge_signal(model, params: list, batches: list[dict], target: dict) -> tuple
 
 
 def hgms_signal(model, params: list, batches: list[dict], target: dict, weights: torch.Tensor, *,
-                iters: int = 8, rtol: float = 1e-3) -> tuple[torch.Tensor, torch.Tensor, dict, dict]:
+                iters: int = 8, rtol: float = 1e-3, select: bool = False, probes: int = 1,
+                flat_rtol: float | None = None, generator: torch.Generator | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, dict, dict]:
     """The pseudoinverse hypergradient dF/dw of the target loss w.r.t. the source weights.
 
     Inner loss g(w, theta) = sum_k w_k l_k(theta) on the probe batches, outer f(theta) = l_target(theta),
-    both over ``params``. Returns (dF/dw [K], null_part of d_theta f [flat, float32: the optimistic
-    selection direction], info, passes).
+    both over ``params``. Returns (dF/dw [K], the optimistic selection direction [flat, float32: d_S f
+    projected on the certified flat directions of the inner Hessian, ``bilevel.flat_directions``; zero
+    unless ``select``], info, passes). ``info`` holds what the trust rule reads: the inner gradient norm,
+    the solve's Lanczos residual and the most negative curvature relative to the largest.
     """
     device = params[0].device
     w = weights.to(device=device, dtype=torch.float32).clone().requires_grad_(True)
     with probe_mode(model):
         hg = bilevel.hypergradient(lambda: sum(w[i] * batch_loss(model, b) for i, b in enumerate(batches)),
-                                   lambda: batch_loss(model, target), params, [w], iters=iters, rtol=rtol)
+                                   lambda: batch_loss(model, target), params, [w], iters=iters, rtol=rtol,
+                                   flat_probes=probes if select else 0, flat_rtol=flat_rtol, generator=generator)
     p = sum(_n(b) for b in batches)
-    passes = {"forward": p + _n(target), "backward": p + _n(target), "double_backward": (hg.solve.matvecs + 1) * p}
-    info = {"target_loss": hg.outer_loss, "ritz_max": float(hg.solve.ritz_values.max()) if hg.solve.kept else 0.0,
-            "kept": hg.solve.kept, "null_fraction": float(hg.solve.null_part.norm() / hg.outer_grad.norm().clamp_min(1e-30))}
-    return hg.grads[0].detach().double().cpu(), hg.solve.null_part.detach().float(), info, passes
+    hvps = hg.solve.matvecs + (hg.flat.matvecs if hg.flat is not None else 0)
+    passes = {"forward": p + _n(target), "backward": p + _n(target), "double_backward": (hvps + 1) * p}
+    theta = hg.solve.ritz_values
+    tmax = float(theta.max()) if theta.numel() else 0.0
+    info = {"target_loss": hg.outer_loss, "inner_loss": hg.inner_loss, "ritz_max": tmax, "kept": hg.solve.kept,
+            "ritz_min_rel": float(theta.min()) / tmax if tmax > 0 else 0.0,
+            "solve_residual": hg.solve.solve_residual,
+            "inner_grad_norm": float(hg.inner_grad.norm()), "outer_grad_norm": float(hg.outer_grad.norm())}
+    if select:
+        direction = hg.flat.project(hg.outer_grad).detach().float()
+        info["flat_dims"] = int(hg.flat.basis.shape[0])
+    else:
+        direction = torch.zeros_like(hg.outer_grad, dtype=torch.float32)
+    return hg.grads[0].detach().double().cpu(), direction, info, passes

@@ -34,6 +34,7 @@ from llmkit.train.hgms.weights import (
     doremi_score,
     exponentiated_step,
     hgms_score,
+    hgms_trust,
     project_simplex_floor,
 )
 
@@ -58,6 +59,9 @@ class WeightController:
         self.updates = 0
         self.source_examples = [0] * self.k
         self.info: dict[str, float] = {}
+        self.refused = 0
+        self.inner_grad_ref: float | None = None
+        self.inner_grad_ema: float | None = None
 
     # -- state
     def weights_dict(self) -> dict[str, float]:
@@ -70,9 +74,24 @@ class WeightController:
     def due(self, step: int) -> bool:
         return self.method in ("hgms", "doremi", "doge") and step % self.interval == 0
 
-    def apply_score(self, step: int, score: torch.Tensor) -> None:
-        self.w = exponentiated_step(self.w, score, self.lr, self.smoothing, self.normalize)
+    def apply_score(self, step: int, score: torch.Tensor, trust: float = 1.0, min_trust: float = 0.0) -> bool:
+        """One mirror step at ``lr * trust``; refused (weights unchanged, counted) when trust <= min_trust."""
+        if trust <= min_trust:
+            self.refused += 1
+            self.record(step)
+            return False
+        self.w = exponentiated_step(self.w, score, self.lr * trust, self.smoothing, self.normalize)
         self.record(step)
+        return True
+
+    def grad_ratio(self, inner_grad_norm: float, decay: float = 0.7) -> float:
+        """Smoothed inner gradient norm over its first value (probe batches are small and noisy)."""
+        x = float(inner_grad_norm)
+        if self.inner_grad_ref is None:
+            self.inner_grad_ref = self.inner_grad_ema = x
+        else:
+            self.inner_grad_ema = decay * self.inner_grad_ema + (1 - decay) * x
+        return self.inner_grad_ema / max(self.inner_grad_ref, 1e-30)
 
     def observe_odm(self, step: int, counts: list[int], mean_losses: list[float]) -> None:
         self.w = self.exp3.observe(counts, mean_losses)
@@ -94,7 +113,8 @@ class WeightController:
         return {"names": self.names, "method": self.method, "weights": [float(x) for x in self.w],
                 "history": self.history, "passes": self.passes, "select_examples": self.select_examples,
                 "update_seconds": self.update_seconds, "updates": self.updates,
-                "source_examples": self.source_examples, "exp3": self.exp3.state() if self.exp3 else None}
+                "source_examples": self.source_examples, "exp3": self.exp3.state() if self.exp3 else None,
+                "refused": self.refused, "inner_grad_ref": self.inner_grad_ref, "inner_grad_ema": self.inner_grad_ema}
 
     def load(self, state: dict) -> None:
         if state.get("names") != self.names or state.get("method") != self.method:
@@ -104,6 +124,8 @@ class WeightController:
         self.history, self.passes = state["history"], state["passes"]
         self.select_examples, self.update_seconds = state["select_examples"], state["update_seconds"]
         self.updates, self.source_examples = state["updates"], state["source_examples"]
+        self.refused = state.get("refused", 0)
+        self.inner_grad_ref, self.inner_grad_ema = state.get("inner_grad_ref"), state.get("inner_grad_ema")
         if self.exp3 is not None and state.get("exp3"):
             self.exp3.load(state["exp3"])
 
@@ -172,12 +194,15 @@ def _mixin():
     class HgmsSFTTrainer(LlmkitOptimTrainerMixin, SFTTrainer):
         def __init__(self, *args, controller: WeightController, source_sizes: list[int], probe_batch_size: int = 4,
                      param_last_layers: int = 2, param_regex: str | None = None, lanczos_iters: int = 8,
-                     rtol: float = 1e-3, select_lr: float = 0.0, reference_model=None, **kwargs):
+                     rtol: float = 1e-3, select_lr: float = 0.0, select_probes: int = 1, reference_model=None,
+                     trust: dict | None = None, min_trust: float = 0.0, **kwargs):
             self.hgms = controller
             self.source_sizes = list(source_sizes)
             self.probe_batch_size = probe_batch_size
             self.param_last_layers, self.param_regex = param_last_layers, param_regex
             self.lanczos_iters, self.rtol, self.select_lr = lanczos_iters, rtol, select_lr
+            self.select_probes = select_probes
+            self.trust, self.min_trust = trust, min_trust  # hgms_trust's thresholds; None: never damp
             self.reference_model = reference_model
             self._last_update = -1
             super().__init__(*args, **kwargs)
@@ -194,6 +219,7 @@ def _mixin():
             ev = self.eval_dataset
             self.target_dataset = ev.get("target") if isinstance(ev, dict) else ev
             self._probe_rng = random.Random(self.args.seed * 1000 + self.args.process_index)
+            self._select_gen = torch.Generator().manual_seed(self.args.seed * 1000 + self.args.process_index)
             self.add_callback(_StateCallback(self))
             if controller.method in ("hgms", "doge") and self.target_dataset is None:
                 raise ValueError(f"weighting {controller.method} needs target_data")
@@ -244,6 +270,7 @@ def _mixin():
             model = self._model_for_probes()
             method = self.hgms.method
             batches = [self._probe_rows(k) for k in range(self.hgms.k)]
+            trust = 1.0
             if method == "doremi":
                 losses, p = signals.per_source_losses(model, batches)
                 if self.reference_model is not None:
@@ -264,20 +291,28 @@ def _mixin():
                     self.hgms.add_passes(p)
                     self.hgms.info = {"align_" + n: float(x) for n, x in zip(self.hgms.names, score)}
                 else:
-                    hg, null, info, p = signals.hgms_signal(model, params, batches, target, self.hgms.w,
-                                                            iters=self.lanczos_iters, rtol=self.rtol)
+                    hg, direction, info, p = signals.hgms_signal(
+                        model, params, batches, target, self.hgms.w, iters=self.lanczos_iters, rtol=self.rtol,
+                        select=self.select_lr > 0, probes=self.select_probes, generator=self._select_gen)
                     hg = self._reduce_mean(hg)
                     self.hgms.add_passes(p)
                     score = hgms_score(hg)
                     self.hgms.info = {"hypergrad_" + n: float(x) for n, x in zip(self.hgms.names, hg)}
                     self.hgms.info.update({f"hgms_{k}": float(v) for k, v in info.items()})
+                    if self.trust is not None:  # every process must reach the same trust: reduce its inputs
+                        gn, neg, res = self._reduce_mean(torch.tensor(
+                            [info["inner_grad_norm"], -info["ritz_min_rel"], info["solve_residual"]],
+                            dtype=torch.float64)).tolist()
+                        t = hgms_trust(self.hgms.grad_ratio(gn), neg, res, **self.trust)
+                        self.hgms.info.update({f"hgms_{k}": v for k, v in t.items()})
+                        trust = t["trust"]
                     if self.select_lr > 0:
-                        null = self._reduce_mean(null).to(params[0].device)
+                        direction = self._reduce_mean(direction).to(params[0].device)
                         with torch.no_grad():
-                            for prm, d in zip(params, signals.bilevel.unflatten(null, params)):
+                            for prm, d in zip(params, signals.bilevel.unflatten(direction, params)):
                                 prm.sub_(self.select_lr * d)
                         self.hgms.select_examples += self.probe_batch_size
-            self.hgms.apply_score(step, score)
+            self.hgms.apply_score(step, score, trust, self.min_trust)
             self.hgms.updates += 1
             self.hgms.update_seconds += time.perf_counter() - t0
 

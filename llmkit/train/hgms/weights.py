@@ -14,6 +14,10 @@ log-weight change per update whatever the score's units (nats, squared gradient 
 methods are then compared at the same step size. DoReMi's original is unnormalized; set
 ``weights_normalize: false`` for that.
 
+``hgms_trust`` damps HG-MS's step (its ``lr`` times a factor in [0, 1]) when the hypergradient's
+assumptions visibly fail: the inner problem is not near a minimizer (gradient norm growing, negative
+curvature) or the truncated Lanczos model of the Hessian does not solve its own system.
+
 ``Exp3`` is ODM (Albalak et al. 2023, "Efficient online data mixing"): EXP3 over sources with the
 training loss of the examples drawn from a source as its reward, importance weighted, in an
 exponential moving average; the sampling distribution mixes in ``eps_t = min(1/K, sqrt(ln K / (K t)))``
@@ -61,6 +65,33 @@ def doge_score(source_grads: torch.Tensor, target_grad: torch.Tensor) -> torch.T
 
 def hgms_score(hypergrad: torch.Tensor) -> torch.Tensor:
     return -torch.as_tensor(hypergrad, dtype=torch.float64)
+
+
+def hgms_trust(grad_ratio: float, negative_curvature: float, solve_residual: float, *, max_grad_ratio: float = 2.0,
+               max_negative_curvature: float = 0.5, max_solve_residual: float = 1.0) -> dict[str, float]:
+    """How much to believe one hypergradient, in [0, 1] (the weight step is multiplied by it).
+
+    The hypergradient is the derivative through the inner solution; it describes the current iterate
+    only when that iterate is near a minimizer of the inner loss and the truncated Hessian model is
+    good. Three readings, each 1 when that holds and 0 when it plainly does not, multiplied:
+
+    * ``grad_ratio``: the inner gradient norm (smoothed) over its value at the first update. Training
+      should shrink it; at ``max_grad_ratio`` times the start the iterate is moving away: 0.
+    * ``negative_curvature``: max(0, -theta_min / theta_max) over the Ritz values. A minimizer has a
+      positive semidefinite Hessian; at ``max_negative_curvature`` the point is a saddle region: 0.
+    * ``solve_residual``: ||H x - P b|| / ||P b|| of the Krylov solve; at ``max_solve_residual`` (1 is
+      no better than x = 0) the Hessian model explains nothing: 0.
+    """
+    def ramp(x: float, bad: float, good: float) -> float:
+        if not math.isfinite(x):
+            return 0.0
+        return min(max((bad - x) / (bad - good), 0.0), 1.0)
+
+    parts = {"trust_stationarity": ramp(grad_ratio, max_grad_ratio, 1.0),
+             "trust_curvature": ramp(max(negative_curvature, 0.0), max_negative_curvature, 0.0),
+             "trust_solve": ramp(solve_residual, max_solve_residual, 0.0)}
+    parts["trust"] = parts["trust_stationarity"] * parts["trust_curvature"] * parts["trust_solve"]
+    return parts
 
 
 @dataclass
