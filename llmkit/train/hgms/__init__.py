@@ -15,25 +15,37 @@ examples, over a parameter subset S (default: trainable parameters of the last 2
   1. g = sum_k w_k l_k(theta) on the source probes, f = l_target(theta) on the target probe.
   2. ``iters`` Lanczos steps on H = d2g/dtheta_S2 started at d_S f (Hessian-vector products by double
      backward through one retained gradient graph); Ritz values <= rtol * max (and negative ones)
-     are dropped: q = H^+ d_S f on the kept spectrum, n = d_S f minus its part on the kept directions.
+     are dropped: q = H^+ d_S f on the kept spectrum.
   3. Hypergradient dF/dw_k = -<grad_S l_k, q> (one more backward through the gradient graph).
-  4. Weights: one mirror-descent step on the simplex, w <- w * exp(-lr * dF/dw / max|dF/dw|), then mix
-     in ``weights_smoothing`` of uniform.
-  5. Optimistic selection (``hgms_select_lr > 0``): theta_S <- theta_S - select_lr * n, a move along
-     the flat directions of the inner loss toward lower target loss; the next update differentiates
-     at the moved point (select-then-differentiate, lagged by one update).
-  6. Each training batch draws every example's source from w (sampling, so every method trains on the
+  4. Trust (``hgms_trust``, on by default): the formula is the derivative through the inner
+     *solution*; it describes the current iterate only when that iterate is near a minimizer of g and
+     the truncated Hessian model is good. Three free readings decide how much of the step to take, each
+     1 when its condition holds and 0 when it plainly fails: the smoothed inner gradient norm over its
+     value at the first update (growing = moving away from a minimizer), the most negative Ritz value
+     over the largest (a minimizer's Hessian has none), and the Lanczos solve's relative residual
+     (>= 1: the Krylov model explains nothing). Their product multiplies ``weights_lr``; at or below
+     ``hgms_min_trust`` the update is refused and counted (``weight_refusals``). From a random or
+     freshly perturbed start the early updates are therefore refused, and the weights move once
+     training has settled.
+  5. Weights: one mirror-descent step on the simplex, w <- w * exp(-lr * trust * dF/dw / max|dF/dw|),
+     then mix in ``weights_smoothing`` of uniform.
+  6. Optimistic selection (``hgms_select_lr > 0``): ``hgms_select_probes`` Lanczos runs on the same
+     gradient graph, each from a random vector, certify flat directions u of H (||H u|| <= rtol * max
+     curvature, read from the Lanczos relation); theta_S <- theta_S - select_lr * P_flat d_S f, a move
+     along the solution set toward lower target loss; the next update differentiates at the moved
+     point (select-then-differentiate, lagged by one update). No certified direction: no move.
+  7. Each training batch draws every example's source from w (sampling, so every method trains on the
      same number of tokens per step).
 
 Cost per update (example-passes, K sources, P per probe): (K+1)P forwards, (K+1)P backwards, and
-(iters+1)KP double backwards, the backwards only through the subset S. Measured overhead in
-``bench/hgms.py``.
+(iters+1)KP double backwards (plus probes*iters*KP with selection on), the backwards only through
+the subset S. Measured overhead in ``bench/hgms.py``.
 
 Deviations from the paper, and why: (a) the exact inner solution is never reached -- the
 hypergradient is taken at the current iterate, as every online reweighting method does (DoReMi, DoGE,
-ODM); (b) the selection is one projected step per update from one Lanczos, not a converged selection
-(the library's ``optimistic_select`` does the converged version on small problems); (c) the Hessian is
-over a parameter subset and a probe batch, truncated at ``iters`` Ritz pairs; (d) selection trains on
+ODM); (b) the selection is one projected step per update in the span of the few flat directions
+its probes certify, not a converged selection (the library's ``optimistic_select`` iterates it on
+small problems); (c) the Hessian is over a parameter subset and a probe batch, truncated at ``iters`` Ritz pairs; (d) selection trains on
 target examples, so it is off by default (``hgms_select_lr: 0``) and its examples are reported.
 
 Baselines on the same trainer (``weighting:``): uniform; DoReMi (excess loss over a reference model
