@@ -22,6 +22,24 @@ the lowest unit that trains -- the compute saving. Under DDP that would break
 the gradient reducer's bookkeeping, so callers turn it off there (gradients
 are then computed and simply discarded).
 
+Gradient clipping: the HF Trainer clips the global gradient norm before any
+optimizer-step callback runs. ``drop_frozen_grads`` is therefore called by
+``HaloTrainerMixin`` just before the norm is taken, so the norm (and the
+clipping factor) covers only the units that update; frozen units' gradients
+(present under DDP, after the all-reduce of the last micro-batch) never
+shrink the active units' step. Units on their ramp count in full: their
+gradient is what the optimizer sees, only their update is scaled.
+
+Why not one param group per unit with per-group learning-rate multipliers
+(a LambdaLR), which is the same update for AdamW: it would replace the
+optimizer and scheduler the Trainer (or ``LlmkitOptimTrainerMixin``) builds,
+its decay / no-decay grouping and any user-chosen schedule; it would not
+skip lambda = 0 units by itself (a zero learning rate still allocates
+state), nor fix the clipping above; and for an optimizer whose update is
+not proportional to its learning rate (schedule-free averaging) the two
+differ. Scaling the update keeps one code path for
+every optimizer, at the cost of a snapshot of the ramping units only.
+
 Tied LM head / input embedding (SmolLM2, Qwen2.5-0.5B/1.5B, Gemma tie them):
 the one matrix W gets g = g_head + g_lookup. The head role is unit 0 and
 trains from t = 0; the input role is the last unit (``Unit.tied_input``),
@@ -102,14 +120,24 @@ class HaloController:
             for p in unit.params:
                 p.requires_grad_(lam > 0)
 
-    def before_step(self, step: int, optimizer) -> None:
+    def drop_frozen_grads(self, step: int) -> None:
+        """Set the gradients of lambda = 0 units to None for the step that follows ``step`` completed steps.
+
+        Called before the global gradient norm is taken (``HaloTrainerMixin``), so norm and clipping
+        cover only the units that update: when frozen units run backward (DDP, or
+        ``skip_frozen_backward=False``), their gradients would otherwise inflate the norm and shrink
+        the active units' clipped step. Idempotent; ``before_step`` calls it again."""
         self.current = self.lambdas(step)
-        self._snapshots = []
         for unit, lam in zip(self.units, self.current):
             if lam <= 0:
                 for p in unit.params:
                     p.grad = None
-            elif lam < 1:
+
+    def before_step(self, step: int, optimizer) -> None:
+        self.drop_frozen_grads(step)
+        self._snapshots = []
+        for unit, lam in zip(self.units, self.current):
+            if 0 < lam < 1:
                 self._snapshots.extend((p, p.detach().clone(), lam) for p in unit.params if p.grad is not None)
 
     @torch.no_grad()

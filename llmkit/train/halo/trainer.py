@@ -2,7 +2,12 @@
 
 The callback drives a ``HaloController`` from the Trainer's own events:
 ``on_step_begin`` (freeze lambda = 0 units before the forward pass),
-``on_pre_optimizer_step`` / ``on_optimizer_step`` (scale the update). The
+``on_pre_optimizer_step`` / ``on_optimizer_step`` (scale the update). No
+Trainer event fires between the last backward pass and gradient clipping, so
+``HaloTrainerMixin`` also overrides ``_clip_grad_norm`` / ``_get_grad_norm``
+to drop frozen units' gradients first: the clipped (and logged) norm covers
+only the units that update. A bare ``HaloCallback`` on another Trainer warns
+when that matters (frozen units run backward and ``max_grad_norm > 0``). The
 schedule is a pure function of ``state.global_step``, so a run resumed from a
 checkpoint continues on the same path. The optimizer the Trainer builds
 already holds every trainable parameter (nothing is frozen when it is
@@ -14,6 +19,8 @@ same mixin over two TRL trainers.
 """
 
 from __future__ import annotations
+
+import warnings
 
 from transformers import TrainerCallback
 
@@ -47,6 +54,7 @@ class HaloCallback(TrainerCallback):
         self.controller: HaloController | None = None
         self.t = 0.0
         self.optimizer_bytes: list[int] = []  # after each optimizer step
+        self.clips_active_units_only = False  # set by HaloTrainerMixin, which drops frozen grads before clipping
 
     def on_train_begin(self, args, state, control, model=None, **kw):
         units = layer_units(model)
@@ -59,6 +67,11 @@ class HaloCallback(TrainerCallback):
         # DDP's reducer expects a gradient for every parameter it registered; freezing mid-run breaks it.
         skip = self.skip_frozen_backward and args.world_size == 1
         self.controller = HaloController(units, schedule, state.max_steps, skip_frozen_backward=skip)
+        if args.max_grad_norm and args.max_grad_norm > 0 and not skip and not self.clips_active_units_only:
+            warnings.warn("HaloCallback on a Trainer without HaloTrainerMixin: frozen units run backward and "
+                          "their gradients count in the max_grad_norm clipping of the active units; use "
+                          "HaloSFTTrainer / HaloGKDTrainer (or HaloTrainerMixin) to clip over active units only",
+                          stacklevel=2)
         if skip and args.gradient_checkpointing:
             # reentrant checkpointing yields no parameter grads when the block input does not require grad
             model.enable_input_require_grads()
@@ -96,7 +109,21 @@ class HaloTrainerMixin:
     def __init__(self, *args, halo_callback_kwargs: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.halo = HaloCallback(**(halo_callback_kwargs or {}))
+        self.halo.clips_active_units_only = True
         self.add_callback(self.halo)
+
+    def _drop_frozen_grads(self) -> None:
+        if self.halo.controller is not None:
+            self.halo.controller.drop_frozen_grads(self.state.global_step)
+
+    def _clip_grad_norm(self, model):
+        self._drop_frozen_grads()
+        return super()._clip_grad_norm(model)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        if grad_norm is None:  # max_grad_norm == 0: the logged norm is still the active units'
+            self._drop_frozen_grads()
+        return super()._get_grad_norm(model, grad_norm=grad_norm)
 
     def log(self, logs, *args, **kwargs):
         if "loss" in logs:  # training logs only; eval logs stay the trainer's own
@@ -114,8 +141,6 @@ def _sft_trainer():
 
 
 def _gkd_trainer():
-    import warnings
-
     with warnings.catch_warnings():  # TRL marks its experimental package with a warning on import
         warnings.simplefilter("ignore")
         from trl.experimental.gkd import GKDTrainer
