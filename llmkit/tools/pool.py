@@ -6,6 +6,13 @@ provenance: ``family``, ``score`` (verification accuracy on fresh instances), ``
 training), ``source`` (who wrote it: a model name, ``policy``, ``reference``), ``created`` (unix time). Adding
 the same tool (same fingerprint) for a family twice keeps the better score. ``best(family)`` is the highest score,
 ties broken by the earliest step.
+
+Reads are cached. Every ``add`` appends one line to the pool's journal (``<folder>/journal.log``, or
+``<file>.log`` beside a SQLite pool) after the tool is stored, so the journal's size grows with every add, from any
+process: a read first stats the journal and reloads (glob + JSON, or one query) only when its size differs from the
+cached one. Ranks of one run that share the pool folder each see the others' tools on their next read, and a read
+of an unchanged pool costs one ``stat``. Tools dropped into the folder by hand, without ``add``, are seen after the
+next ``add`` (or by a new ``ToolPool``).
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ class ToolPool:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.sqlite = self.path.suffix in (".sqlite", ".db")
+        self.journal = self.path.with_name(self.path.name + ".log") if self.sqlite else self.path / "journal.log"
+        self._cached: tuple[int, list[PoolEntry], dict[str, PoolEntry]] | None = None
         if self.sqlite:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._db() as db:
@@ -75,13 +84,35 @@ class ToolPool:
             tmp = f.with_suffix(f".{os.getpid()}.tmp")  # per process: ranks of one run may add the same tool
             tmp.write_text(json.dumps(entry.to_dict(), indent=1))
             tmp.replace(f)
+        # after the tool is stored, so a reader that sees the longer journal also sees the tool; O_APPEND keeps
+        # concurrent one-line appends of several ranks whole
+        with open(self.journal, "a") as j:
+            j.write(f"{entry.id} {entry.score} {entry.step}\n")
+        self._cached = None
         return entry
 
     # ------------------------------------------------------------------ read
+    def _journal_size(self) -> int:
+        try:
+            return self.journal.stat().st_size
+        except FileNotFoundError:
+            return -1
+
+    def _load(self) -> tuple[list[PoolEntry], dict[str, PoolEntry]]:
+        size = self._journal_size()
+        if self._cached is None or self._cached[0] != size:
+            es = self._read()
+            self._cached = (size, es, {e.id: e for e in es})
+        return self._cached[1], self._cached[2]
+
     def get(self, entry_id: str) -> PoolEntry | None:
-        return next((e for e in self.entries() if e.id == entry_id), None)
+        return self._load()[1].get(entry_id)
 
     def entries(self, family: str | None = None) -> list[PoolEntry]:
+        es = self._load()[0]
+        return [e for e in es if e.family == family] if family is not None else list(es)
+
+    def _read(self) -> list[PoolEntry]:
         out = []
         if self.sqlite:
             with self._db() as db:
@@ -94,8 +125,6 @@ class ToolPool:
                     out.append(PoolEntry.from_dict(json.loads(f.read_text())))
                 except (json.JSONDecodeError, KeyError, ValueError):
                     continue  # a partial or foreign file; never fatal
-        if family is not None:
-            out = [e for e in out if e.family == family]
         return sorted(out, key=lambda e: (e.family, -e.score, e.step, e.created))
 
     def best(self, family: str) -> PoolEntry | None:
