@@ -13,14 +13,32 @@ from llmkit.tools.rollouts import reference_build_trace
 needs_sandbox = pytest.mark.skipif(not sandbox.check_available()[0], reason="bubblewrap cannot run here")
 
 
-def test_rows_mix_build_and_use_and_keep_heldout_out():
+def test_rows_cycle_training_families_and_keep_heldout_out():
     from llmkit.train.smith.trainer import make_rows
 
-    rows = make_rows(tasks.TRAIN_FAMILIES, 40, 0.25, examples=2)
-    assert sum(r["row_kind"] == "build" for r in rows) == 10
+    rows = make_rows(tasks.TRAIN_FAMILIES, 40, examples=2)
     assert {r["family"] for r in rows} == set(tasks.TRAIN_FAMILIES)
     assert not {r["family"] for r in rows} & set(tasks.HELDOUT_FAMILIES)
     assert all(json.loads(r["instance"])["question"] for r in rows)
+    assert len({r["seed"] for r in rows}) == 40
+
+
+def test_use_share_is_honoured_in_every_step_and_the_same_on_every_rank():
+    from llmkit.train.smith.trainer import SmithTrainer, use_count
+
+    assert [use_count(n, 0.5) for n in (1, 2, 3, 4, 8)] == [0, 1, 2, 2, 4]
+    assert use_count(8, 0.05) == 1 and use_count(8, 0.95) == 7  # both kinds in every step
+    assert use_count(8, 0.0) == 0 and use_count(8, 1.0) == 8
+    picks = []
+    for step in range(6):
+        fake = SimpleNamespace(use_share=0.25, args=SimpleNamespace(seed=0),
+                               state=SimpleNamespace(global_step=step))
+        seeds = [10, 11, 12, 13, 14, 15, 16, 17] * 2  # 8 prompts, each generated twice
+        use = SmithTrainer.use_seeds(fake, seeds)
+        assert len(use) == 2 and use <= set(seeds)
+        assert SmithTrainer.use_seeds(fake, list(reversed(seeds))) == use  # order-free: every rank agrees
+        picks.append(frozenset(use))
+    assert len(set(picks)) > 1  # not the same prompts every step
 
 
 def _cfg(tmp_path, **kw):
@@ -45,9 +63,9 @@ def test_passing_build_joins_pool_and_use_rows_follow_it(tmp_path):
 
     pool = ToolPool(tmp_path / "pool")
     funcs, _ = reward_functions(_cfg(tmp_path, build_checks=3), pool)
-    fake = SimpleNamespace(pool=pool, build_examples=2)
-    row = next(r for r in make_rows(["gcd"], 4, 0.0, examples=2))
-    resolved = SmithTrainer.resolve_row(fake, dict(row))
+    fake = SimpleNamespace(pool=pool, build_examples=2, families=["gcd", "digit_sum"])
+    row = make_rows(["gcd"], 4, examples=2)[0]
+    resolved = SmithTrainer.resolve_row(fake, dict(row), use=True)
     assert resolved["kind"] == "build" and resolved["tool"] == ""  # empty pool: the use row builds instead
     good = reference_build_trace(tasks.get("gcd"))
     bad = good.replace("return g", "return g + 1")
@@ -58,10 +76,35 @@ def test_passing_build_joins_pool_and_use_rows_follow_it(tmp_path):
     assert len(pool) == 1
     entry = pool.best("gcd")
     assert entry.step == 3 and entry.source == "policy" and entry.score == 1.0
-    resolved = SmithTrainer.resolve_row(fake, dict(row))
+    resolved = SmithTrainer.resolve_row(fake, dict(row), use=True)
     assert resolved["kind"] == "use" and json.loads(resolved["tool"])["name"] == "gcd_of"
     text = resolved["prompt"][-1]["content"]
     assert "gcd_of" in text and "def gcd_of" not in text  # the schema, never the code
+    assert SmithTrainer.resolve_row(fake, dict(row), use=False)["kind"] == "build"
+    # a use row of a family without a pooled tool is asked a question of a pooled training family
+    other = make_rows(["digit_sum"], 1, examples=2)[0]
+    stand_in = SmithTrainer.resolve_row(fake, dict(other), use=True)
+    assert stand_in["kind"] == "use" and stand_in["family"] == "gcd"
+    inst = json.loads(stand_in["instance"])
+    assert tasks.get("gcd").verify(str(inst["answer"]), tasks.Instance("gcd", inst["question"], inst["args"],
+                                                                        inst["answer"]))
+
+
+@needs_sandbox
+def test_seed_pool_adds_verified_training_tools_only_when_empty(tmp_path):
+    from llmkit.train.smith.recipe import seed_pool
+
+    pool = ToolPool(tmp_path / "pool")
+    cfg = _cfg(tmp_path, build_checks=2)
+    assert seed_pool(cfg, pool, ["gcd", "digit_sum"]) == {"gcd": True, "digit_sum": True}
+    assert pool.families() == ["digit_sum", "gcd"]
+    assert {e.source for e in pool.entries()} == {"warm_start"} and all(e.step == -1 for e in pool.entries())
+    assert seed_pool(cfg, pool, ["lcm"]) == {}  # not empty any more: left alone
+    assert seed_pool(_cfg(tmp_path, seed_pool="none"), ToolPool(tmp_path / "p2"), ["gcd"]) == {}
+    with pytest.raises(ValueError, match="seed_pool"):
+        _cfg(tmp_path, seed_pool="everything")
+    with pytest.raises(ValueError, match="use_share"):
+        _cfg(tmp_path, use_share=1.5)
 
 
 @pytest.mark.slow

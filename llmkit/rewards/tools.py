@@ -131,7 +131,6 @@ class SmithRewards:
         self.limits = limits or sandbox.Limits(timeout=2.0)
         self._cache: OrderedDict = OrderedDict()
         self.cache_size = cache_size
-        self._reported: set = set()
 
         def schema(completions=None, **kw):
             return self._axis("schema", completions, kw)

@@ -10,6 +10,7 @@ from trl import GRPOConfig
 from llmkit.optim.hf import LlmkitOptimMixin
 
 AGGREGATIONS = ("normalize_then_sum", "sum_then_normalize", "combined", "upgrad")
+SEED_POOL = ("reference", "policy", "none")
 
 
 @dataclass
@@ -22,9 +23,17 @@ class SmithConfig(LlmkitOptimMixin, GRPOConfig):
         "help": "families for training: 'train' (the nine training families) or a comma list; held-out families "
                 "are refused"})
     num_prompts: int = field(default=256, metadata={"help": "training rows generated (build and use mixed)"})
-    build_ratio: float = field(default=0.5, metadata={
-        "help": "fraction of rows that are build tasks; the rest are use tasks (a use row whose family has no "
-                "pooled tool yet is served as a build row, so the pool is seeded by the policy's own builds)"})
+    use_share: float = field(default=0.5, metadata={
+        "help": "share of each GRPO step's prompts served as use tasks (a question + a pooled tool's schema); the "
+                "rest are build tasks. Decided per generation batch over all ranks, so every step holds both kinds "
+                "when 0 < use_share < 1 and a step has >= 2 prompts. A use prompt whose family has no pooled tool "
+                "takes a question of a pooled training family instead; only an empty pool turns it into a build"})
+    seed_pool: str = field(default="reference", metadata={
+        "help": "what fills an EMPTY pool before GRPO, so use tasks are trained from step one: reference (the "
+                "training families' reference tools, the tools the warm start's build traces teach, each verified "
+                "in the sandbox on fresh instances before it joins; source 'warm_start') | policy (the starting "
+                "policy writes one tool per training family, greedy; the verified ones join; source 'seed') | none "
+                "(the pool grows only from GRPO's own verified builds). Held-out families are never seeded"})
     build_examples: int = field(default=3, metadata={"help": "K input/output examples in a build prompt"})
     build_checks: int = field(default=4, metadata={"help": "fresh instances a built tool is run on for rewards"})
     pass_threshold: float = field(default=1.0, metadata={
@@ -80,8 +89,10 @@ class SmithConfig(LlmkitOptimMixin, GRPOConfig):
         if self.reward_aggregation not in AGGREGATIONS:
             raise ValueError(f"reward_aggregation must be one of {', '.join(AGGREGATIONS)}, "
                              f"got '{self.reward_aggregation}'")
-        if not 0.0 <= self.build_ratio <= 1.0:
-            raise ValueError("build_ratio must be in [0, 1]")
+        if not 0.0 <= self.use_share <= 1.0:
+            raise ValueError(f"use_share must be in [0, 1], got {self.use_share}")
+        if self.seed_pool not in SEED_POOL:
+            raise ValueError(f"seed_pool must be one of {', '.join(SEED_POOL)}, got '{self.seed_pool}'")
         if not 0.0 <= self.warm_start_use_share <= 1.0:
             raise ValueError("warm_start_use_share must be in [0, 1]")
         if self.build_examples < 1 or self.build_checks < 1:

@@ -18,6 +18,10 @@ Where this code deviates, and why:
   policy does not see the tool's result in a second turn). It keeps one generation per row, which is what GRPO on
   CPU can afford; the outcome axis still checks the pooled tool end to end.
 * The pool grows inside the trainer (TRL fixes ``tools=`` at start), see ``SmithTrainer``.
+* An empty pool is seeded before GRPO (``seed_pool``; default: the training families' reference tools, which are
+  what the warm start teaches, verified in the sandbox like any build; ``policy``: the starting policy's own
+  verified builds), and ``use_share`` of every step's prompts are use tasks. Without a seed, a policy that builds
+  nothing verified never sees a use task, and the "one policy that builds and uses" is never trained on use.
 * 13 families: ten from reasoning-gym (exact verifiers of our own), two of our own, nine for training and four
   held out; the paper's families are not public.
 * ``warm_start_steps`` > 0 first fine-tunes (SFT, TRL's ``SFTTrainer``) on the reference tools' traces of the
@@ -26,7 +30,7 @@ Where this code deviates, and why:
   writes a parseable tool or call, and RL has no signal. Off by default; the bench says when it is used.
 * The "combined" aggregation (one scalar reward = schema + code + outcome) is the paper's ablation.
 
-Outputs in ``output_dir``: ``resolved_config.yaml``; ``pool/`` (the tools the policy built, with provenance);
+Outputs in ``output_dir``: ``resolved_config.yaml``; ``pool/`` (the seeded tools and the tools the policy built, with provenance);
 ``checkpoint-*/`` (rerunning the same command resumes from the last one; the pool on disk carries over);
 the final model; ``metrics.jsonl`` (``rewards/schema_reward/mean``, ``rewards/code_reward/mean``,
 ``rewards/outcome_reward/mean``, ``smith/pool_size`` ...); ``reward_curves.png``; ``eval.json`` (held-out
@@ -83,6 +87,34 @@ def reward_functions(cfg: SmithConfig, pool):
                 + cfg.outcome_weight * (parts[2][i] or 0.0) for i in range(len(parts[0]))]
 
     return [combined_reward], r
+
+
+def seed_pool(cfg: SmithConfig, pool, families, model=None, tok=None) -> dict:
+    """Fill an EMPTY pool before GRPO as ``cfg.seed_pool`` says, so use tasks train from the first step; returns
+    ``{family: joined}`` ({} when the pool already had tools or seeding is off). Each candidate goes through the
+    same verification as any build (``build_tools``: sandboxed, ``build_checks`` fresh instances,
+    ``pass_threshold``)."""
+    from llmkit.tools import tasks
+    from llmkit.tools.evaluate import build_tools, local_generator
+    from llmkit.tools.rollouts import reference_build_trace
+    from llmkit.tools.sandbox import Limits
+
+    if cfg.seed_pool == "none" or len(pool):
+        return {}
+    families = [f for f in families if f not in tasks.HELDOUT_FAMILIES]
+    if cfg.seed_pool == "reference":
+        def gen(convs):  # build_tools asks once per family, in order
+            return [reference_build_trace(tasks.get(f)) for f in families]
+        source = "warm_start"
+    else:
+        gen = local_generator(ready_for_generation(model), tok, max_new_tokens=cfg.eval_build_max_new_tokens,
+                              batch_size=16)
+        source = "seed"
+    report = build_tools(gen, families, pool, examples=cfg.build_examples, checks=cfg.build_checks,
+                         min_score=cfg.pass_threshold, source=source, step=-1, seed=cfg.seed,
+                         limits=Limits(timeout=cfg.sandbox_timeout, memory_mb=cfg.sandbox_memory_mb),
+                         unsafe=cfg.unsafe_no_sandbox, progress=False)
+    return {f: r["added"] for f, r in report.items()}
 
 
 def warm_start_rows(cfg: SmithConfig, families, n: int) -> list[dict]:
@@ -248,16 +280,26 @@ def main(cfg: SmithConfig, model_args: ModelConfig | None = None) -> int:
         t0 = time.time()
         model = warm_start(cfg, model, tok, families, out)
         results["warm_start_seconds"] = round(time.time() - t0, 1)
+    if is_main:
+        seeded = seed_pool(cfg, pool, families, model, tok)
+        if seeded:
+            results["seeded_pool"] = {"from": cfg.seed_pool, "families": seeded}
+            print(f"seeded the empty pool ({cfg.seed_pool}): {sum(seeded.values())}/{len(seeded)} training "
+                  "families verified")
+    wait_for_everyone()  # every rank starts GRPO with the seeded pool
     funcs, _ = reward_functions(cfg, pool)
-    rows = make_rows(families, cfg.num_prompts, cfg.build_ratio, cfg.build_examples, seed=cfg.seed)
+    rows = make_rows(families, cfg.num_prompts, cfg.build_examples, seed=cfg.seed)
     trainer = SmithTrainer(model=model, args=cfg, reward_funcs=funcs, train_dataset=Dataset.from_list(rows),
                            processing_class=tok, peft_config=get_peft_config(model_args), pool=pool,
-                           build_examples=cfg.build_examples,
+                           build_examples=cfg.build_examples, use_share=cfg.use_share,
                            callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")])
     t0 = time.time()
     trainer.train(resume_from_checkpoint=resume)
     results["train_seconds"] = round(time.time() - t0, 1)
     results["steps"] = trainer.state.global_step
+    # the share of use rollouts in each logged GRPO step (the issue's check that both skills train every step)
+    results["use_fraction"] = [r["smith/use_fraction"] for r in trainer.state.log_history
+                               if "smith/use_fraction" in r]
     trainer.save_model(str(out))
     wait_for_everyone()  # every rank's builds are in the pool folder before the main process reads it
     if not is_main:

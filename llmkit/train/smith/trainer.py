@@ -1,12 +1,17 @@
 """``SmithTrainer``: GRPO whose batches mix build and use rollouts and whose use prompts follow a growing pool.
 
 TRL fixes ``tools=`` when the trainer starts, but SMITH's pool grows during training. So tool use is not run
-through TRL's tool loop: a use row names only a family and an instance, and right before each generation
-:meth:`SmithTrainer._generate_and_score_completions` writes its prompt from the pool's current best tool for the
-family (its schema, never its code). A use row whose family has no pooled tool yet becomes a build row for that
-family; the pool is seeded only by the policy's own verified builds, never by the reference tools. The three
-reward functions (``llmkit.rewards.tools.SmithRewards``) run the code in the sandbox and add passing builds to the
-pool with provenance (the step, the family, the verification score).
+through TRL's tool loop: a row names only a family and an instance, and right before each generation
+:meth:`SmithTrainer._generate_and_score_completions` decides which of the batch's prompts are use tasks and writes
+their prompts from the pool's current best tool for the family (its schema, never its code).
+
+Every step trains both kinds: ``use_share`` of the generation batch's prompts (counted over all ranks, chosen by a
+generator seeded with the run's seed and the step, so every rank takes the same decision for the same prompt) are
+use tasks, the rest build tasks, with at least one of each when ``0 < use_share < 1`` and the batch holds two or
+more prompts. A use prompt whose family has no pooled tool is asked with a question of a pooled training family
+(same row seed); only an empty pool turns it into a build. The recipe seeds an empty pool before GRPO
+(``seed_pool``), and the three reward functions (``llmkit.rewards.tools.SmithRewards``) run the code in the sandbox
+and add passing builds to the pool with provenance (the step, the family, the verification score).
 
 ``reward_aggregation: upgrad`` (``llmkit.train.reward_aggregation``): the schema, code and outcome axes each give
 their own policy-gradient loss and Jacobian descent combines them, so a gain on one axis is not bought with a loss
@@ -26,45 +31,65 @@ from llmkit.tools.rollouts import build_prompt, use_prompt
 from llmkit.train.reward_aggregation import RewardJacobianDescentMixin
 
 
-def make_rows(families, n: int, build_ratio: float, examples: int, seed: int = 0) -> list[dict]:
-    """``n`` training rows: ``round(n * build_ratio)`` build rows and the rest use rows, interleaved evenly, the
-    families cycled. Build rows carry their prompt; use rows get theirs at generation time from the pool (until
-    then they hold the build prompt of their family, which is what they become while the pool has no tool)."""
-    import random
-
-    rng = random.Random(seed)
+def make_rows(families, n: int, examples: int, seed: int = 0) -> list[dict]:
+    """``n`` training rows, the families cycled, each with a build prompt and an instance (question, arguments,
+    answer). Whether a row is asked as a build or a use task is decided per step by the trainer (``use_share``)."""
     families = list(families)
-    n_build = round(n * build_ratio)
-    kinds = ["build"] * n_build + ["use"] * (n - n_build)
-    rng.shuffle(kinds)
     rows = []
-    for i, kind in enumerate(kinds):
+    for i in range(n):
         fam = tasks.get(families[i % len(families)])
         row_seed = seed * 100_003 + i
-        inst = fam.generate(1, seed=row_seed)[0]
-        rows.append({
-            "prompt": build_prompt(fam, fam.generate(examples, seed=row_seed)),
-            "kind": kind, "row_kind": kind, "family": fam.name, "seed": row_seed,
-            "instance": json.dumps({"question": inst.question, "args": inst.args, "answer": inst.answer}),
-            "tool": "",
-        })
+        rows.append({"prompt": build_prompt(fam, fam.generate(examples, seed=row_seed)), "kind": "build",
+                     "family": fam.name, "seed": row_seed, "instance": _instance_json(fam, row_seed), "tool": ""})
     return rows
 
 
+def _instance_json(fam, seed: int) -> str:
+    inst = fam.generate(1, seed=seed)[0]
+    return json.dumps({"question": inst.question, "args": inst.args, "answer": inst.answer})
+
+
+def use_count(n_prompts: int, share: float) -> int:
+    """How many of ``n_prompts`` are use tasks: ``round(share * n)``, but at least one of each kind when
+    ``0 < share < 1`` and ``n >= 2`` (so no step trains only one skill)."""
+    k = round(share * n_prompts)
+    if 0.0 < share < 1.0 and n_prompts >= 2:
+        k = min(max(k, 1), n_prompts - 1)
+    return k
+
+
 class SmithTrainer(LlmkitOptimTrainerMixin, RewardJacobianDescentMixin, GRPOTrainer):
-    def __init__(self, *args, pool: ToolPool, build_examples: int = 3, **kwargs):
+    def __init__(self, *args, pool: ToolPool, build_examples: int = 3, use_share: float = 0.5, **kwargs):
         super().__init__(*args, **kwargs)
         self.pool = pool
         self.build_examples = build_examples
+        self.use_share = use_share
+        try:  # the training families: stand-ins for a use row are drawn only from these
+            self.families = sorted(set(self.train_dataset["family"]))
+        except (TypeError, KeyError):  # an iterable dataset without random access: no stand-ins
+            self.families = []
         if self._upgrad_on():
             self._check_single_process("upgrad")
 
-    def resolve_row(self, row: dict) -> dict:
-        """Point a use row at the pool's current tool (or turn it into a build row while there is none)."""
-        if row.get("row_kind") != "use":
-            return row
+    def use_seeds(self, seeds) -> set:
+        """The row seeds (of the whole generation batch, all ranks) that are use tasks this step."""
+        import random
+
+        uniq = sorted(set(seeds))
+        rng = random.Random(f"{self.args.seed}/{self.state.global_step}")
+        return set(rng.sample(uniq, use_count(len(uniq), self.use_share)))
+
+    def resolve_row(self, row: dict, use: bool) -> dict:
+        """Write the row's prompt: a use task on the pool's current tool for its family (or for a pooled training
+        family when its own has none), else a build task."""
         fam = tasks.get(row["family"])
-        best = self.pool.best(fam.name)
+        best = self.pool.best(fam.name) if use else None
+        if use and best is None:
+            pooled = [f for f in self.pool.families() if f in self.families]
+            if pooled:  # the same row seed picks the stand-in family and its question, on every rank
+                fam = tasks.get(pooled[int(row["seed"]) % len(pooled)])
+                best = self.pool.best(fam.name)
+                row["family"], row["instance"] = fam.name, _instance_json(fam, int(row["seed"]))
         if best is None:
             row["kind"], row["tool"] = "build", ""
             row["prompt"] = build_prompt(fam, fam.generate(self.build_examples, seed=int(row["seed"])))
@@ -75,8 +100,17 @@ class SmithTrainer(LlmkitOptimTrainerMixin, RewardJacobianDescentMixin, GRPOTrai
             row["prompt"] = use_prompt(inst, best.spec)
         return row
 
+    def resolve_batch(self, inputs: list[dict]) -> list[dict]:
+        seeds = [int(x["seed"]) for x in inputs]
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            seeds = gather_object(seeds)  # a prompt's generations may sit on several ranks
+        use = self.use_seeds(seeds)
+        return [self.resolve_row(dict(x), int(x["seed"]) in use) for x in inputs]
+
     def _generate_and_score_completions(self, inputs):
-        inputs = [self.resolve_row(dict(x)) for x in inputs]
+        inputs = self.resolve_batch(inputs)
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["smith/pool_size"].append(float(len(self.pool)))
         self._metrics[mode]["smith/use_fraction"].append(
