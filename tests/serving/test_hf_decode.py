@@ -1,0 +1,68 @@
+"""The transformers engine's decode step: its cache (``hf_batcher.new_cache``) gives the same logits as
+transformers' ``DynamicCache``, also after rows are dropped and leading columns cut, and a decode step
+writes in place instead of copying the whole cache; rows sampled at temperature alone are drawn together
+from the right distribution."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from llmkit.engines.hf import HFEngine
+from llmkit.engines.hf_batcher import HFBatcher, _Row, _trim_left, new_cache
+from llmkit.engines.stream import StreamRequest
+from llmkit.generation import GenerationParams
+from llmkit.testing import tiny_llama, tiny_tokenizer
+
+
+def _decode(model, cache, steps: int, drop_at: int | None = None):
+    torch.manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (3, 7))
+    attn = torch.ones_like(ids)
+    attn[1, :3] = 0  # a left-padded row
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    logits, ptrs = [], []
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True)
+        tok, nxt = out.logits[:, -1].argmax(-1), pos[:, -1] + 1
+        for step in range(steps):
+            if step == drop_at:  # the batcher drops a finished row and cuts columns nobody attends to
+                keep = torch.tensor([1, 2])
+                cache.batch_select_indices(keep)
+                attn, tok, nxt = attn[keep], tok[keep], nxt[keep]
+                attn = _trim_left(cache, attn)
+            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], 1)
+            out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=nxt[:, None], past_key_values=cache,
+                        use_cache=True)
+            logits.append(out.logits[:, -1])
+            ptrs.append(cache.layers[0].keys.data_ptr())
+            tok, nxt = out.logits[:, -1].argmax(-1), nxt + 1
+    return logits, ptrs
+
+
+def test_growing_cache_matches_dynamic_cache_and_writes_in_place():
+    model = tiny_llama()
+    ref, _ = _decode(model, DynamicCache(config=model.config), 12, drop_at=5)
+    got, ptrs = _decode(model, new_cache(model), 12, drop_at=5)
+    for a, b in zip(ref, got):
+        torch.testing.assert_close(a, b)
+    # after the drop, the steps write into the same buffer (DynamicCache makes a new tensor every step)
+    assert len(set(ptrs[6:])) == 1
+    _, dyn_ptrs = _decode(model, DynamicCache(config=model.config), 4)
+    assert len(set(dyn_ptrs)) > 1
+
+
+def test_rows_sampled_together_follow_their_temperature():
+    batcher = HFBatcher(HFEngine(tiny_llama(), tiny_tokenizer()))
+
+    def row(temperature):
+        return _Row(StreamRequest([1], GenerationParams(temperature=temperature), lambda ev: None), None, None)
+
+    rows = [row(1.0), row(0.0), row(0.5)]
+    logits = torch.tensor([0.0, 1.0, 2.0, -30.0]).repeat(3, 1)
+    torch.manual_seed(0)
+    draws = torch.stack([batcher._sample(logits, rows) for _ in range(4000)])
+    assert (draws[:, 1] == 2).all()  # greedy
+    for i, t in ((0, 1.0), (2, 0.5)):
+        freq = torch.bincount(draws[:, i], minlength=4).float() / len(draws)
+        torch.testing.assert_close(freq, (logits[i] / t).softmax(-1), atol=0.03, rtol=0)
