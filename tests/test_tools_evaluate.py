@@ -59,6 +59,21 @@ def test_build_then_eval_uses_only_verified_tools(tmp_path):
     assert echo["call_parse_rate"] == 0.0 and echo["macro"] == 0.0
     none = evaluate(scripted_user, FAMS, mode="none", n=3, progress=False)
     assert none["per_family"]["ransom_note"] == r["per_family"]["ransom_note"]
+    # the counts behind the macro, and its binomial interval
+    assert r["n_per_family"] == {"count_primes": 3, "ransom_note": 3}
+    assert r["correct_per_family"] == {"count_primes": 3, "ransom_note": sum(truth)}
+    lo, hi = r["macro_ci"]
+    assert lo < r["macro"] < hi or r["macro"] in (lo, hi)
+
+
+def test_macro_interval_is_the_exact_binomial_interval_of_the_pooled_count():
+    from llmkit.tools.evaluate import macro_interval
+
+    lo, hi = macro_interval({"a": 3, "b": 0}, {"a": 3, "b": 3})  # 3 of 6: Clopper-Pearson (0.118, 0.882)
+    assert lo == pytest.approx(0.1181, abs=1e-4) and hi == pytest.approx(0.8819, abs=1e-4)
+    assert macro_interval({"a": 4, "b": 4}, {"a": 4, "b": 4})[1] == 1.0
+    assert macro_interval({"a": 1, "b": 1}, {"a": 2, "b": 4}) is None  # unequal counts: not a binomial proportion
+    assert macro_interval({}, {}) is None
 
 
 def test_cli_build_eval_input_errors(tmp_path, capsys):

@@ -20,7 +20,9 @@ the host's environment this is safe).
   (``mode="none"``, also the fallback for a family without a pooled tool). Accuracy is the exact verifier's;
   ``macro`` is the mean over families. Where a tool is shown, ``call_parse_rate`` is the share of replies holding
   a parseable call (a JSON object with dict arguments, :func:`llmkit.tools.rollouts.parse_use`) and
-  ``call_valid_rate`` the share whose call names the tool and validates against its schema.
+  ``call_valid_rate`` the share whose call names the tool and validates against its schema. ``n_per_family``
+  and ``correct_per_family`` are the counts behind the accuracies, and ``macro_ci`` the exact (Clopper-Pearson)
+  binomial interval of the macro (:func:`macro_interval`).
 """
 
 from __future__ import annotations
@@ -203,9 +205,25 @@ def evaluate(gen: Generator, families, *, pool: ToolPool | None = None, mode: st
         samples.setdefault(fam.name, r[:600])
     per_family = {f: sum(v) / max(len(v), 1) for f, v in right.items()}
     macro = sum(per_family.values()) / max(len(per_family), 1)
+    counts, correct = {f: len(v) for f, v in right.items()}, {f: sum(v) for f, v in right.items()}
     return {"mode": mode, "per_family": per_family, "macro": macro, "used_tool": used_tool, "n": n,
+            "n_per_family": counts, "correct_per_family": correct, "macro_ci": macro_interval(correct, counts),
             "call_parse_rate": sum(parsed) / len(parsed) if parsed else None,
             "call_valid_rate": sum(valid) / len(valid) if valid else None, "sample_replies": samples}
+
+
+def macro_interval(correct: dict, n: dict, level: float = 0.95) -> list[float] | None:
+    """``[lo, hi]``: the exact binomial (Clopper-Pearson, scipy's ``binomtest(...).proportion_ci``) interval of the
+    macro accuracy. With the same number of questions in every family the macro IS the pooled proportion of
+    ``sum(correct)`` in ``sum(n)`` independent questions, so the interval is exact; with unequal counts the macro
+    is not a binomial proportion and this returns None. Also None when no question was asked."""
+    from scipy.stats import binomtest
+
+    counts = set(n.values())
+    if len(counts) != 1 or not sum(n.values()):
+        return None
+    ci = binomtest(int(sum(correct.values())), int(sum(n.values()))).proportion_ci(confidence_level=level)
+    return [float(ci.low), float(ci.high)]
 
 
 def sandbox_overhead(n: int = 30, *, unsafe_anchor: bool = True) -> dict:
