@@ -3,13 +3,17 @@
 Paper: "Vector-Steered Policy Optimization" (VSPO), NeurIPS 2026: VSPO provably beats
 reward-shaped GRPO "when the steering-induced distributions are sufficiently aligned with the target behavior".
 Before spending a training run, this module checks that on held-out prompts: for each candidate vector (layer,
-contrast) and intensity alpha it generates greedily under ``alpha * v`` and records the behaviour rate, task
+contrast) and intensity alpha it generates under ``alpha * v`` (greedily, or sampling at ``temperature``: use the
+rollout temperature, since that is how VSPO's rollouts are drawn and a greedy rate can overstate a sampled
+one) and records the behaviour rate, task
 accuracy, the answer rate (a final answer can be extracted at all) and the mean length, next to the unsteered
 model (alpha 0). ``pick`` then chooses the candidate and intensity with the highest behaviour rate among those
 that keep answering (answer rate and accuracy no lower than the unsteered model's by more than a tolerance),
 and ``intensity_range`` the contiguous alphas of that vector whose behaviour rate clears the unsteered rate by a
 margin: the range VSPO's rollouts should spread over. A vector whose best rate does not clear the base rate is
 reported as misaligned (``pick`` returns ``aligned: False``), the situation in which VSPO has nothing to distil.
+The range feeds VSPO's ``alpha_spread: aligned`` schedule (``aligned_alpha_range``), which holds a stated share
+of every group's rollouts inside it, and ``steered_share_above_base`` (``trainer.scheduled_share_in_range``).
 """
 
 from __future__ import annotations
@@ -28,13 +32,15 @@ def answer_rate(texts: Sequence[str]) -> float:
 
 def measure(model, tok, rows: list[dict], vectors: dict, alphas: Sequence[float], behavior: str, *,
             behavior_kwargs: dict | None = None, max_new_tokens: int = 96, batch_size: int = 16,
-            task_name: str = "gsm8k", progress: bool = False, positions: str = "all") -> list[dict]:
+            task_name: str = "gsm8k", progress: bool = False, positions: str = "all", temperature: float = 0.0,
+            seed: int = 0) -> list[dict]:
     """One row per (candidate, alpha), plus ``{"vector": None, "alpha": 0.0}`` for the unsteered model first.
 
     ``vectors`` maps a candidate name to a ``SteeringVector`` (steered at ``positions``) or to a tuple
     ``(SteeringVector, positions, alphas)`` with its own positions and intensities. ``alphas`` are the default
-    intensities (0 is skipped: the unsteered row covers it). Each row: vector, layers, positions, alpha, n,
-    behavior_rate, accuracy, answer_rate, mean_words and up to three sample completions.
+    intensities (0 is skipped: the unsteered row covers it). ``temperature`` > 0 samples every row (the same
+    ``seed`` for each, so rows differ by the steering, not the draw). Each row: vector, layers, positions, alpha,
+    temperature, n, behavior_rate, accuracy, answer_rate, mean_words and up to three sample completions.
     """
     from llmkit.train.vspo.evaluate import evaluate
 
@@ -50,10 +56,10 @@ def measure(model, tok, rows: list[dict], vectors: dict, alphas: Sequence[float]
     def row(name, vec, alpha, pos):
         r = evaluate(model, tok, rows, behavior, max_new_tokens=max_new_tokens, batch_size=batch_size, vector=vec,
                      alpha=alpha, behavior_kwargs=behavior_kwargs, task_name=task_name, progress=progress,
-                     keep_texts=True, positions=pos)
+                     keep_texts=True, positions=pos, temperature=temperature, seed=seed)
         texts = r.pop("texts")
         return {"vector": name, "layers": vec.layers if vec is not None else [], "positions": pos,
-                "alpha": float(alpha), "n": r["n"], "behavior_rate": r["behavior_rate"], "accuracy": r["accuracy"],
+                "alpha": float(alpha), "temperature": float(temperature), "n": r["n"], "behavior_rate": r["behavior_rate"], "accuracy": r["accuracy"],
                 "answer_rate": answer_rate(texts), "mean_words": r["mean_words"],
                 "samples": [s["completion"] for s in r["samples"][:3]]}
 

@@ -10,11 +10,18 @@ from llmkit.optim.hf import LlmkitOptimMixin
 
 MODES = ("vspo", "grpo", "guidance", "teacher")
 TEACHER_FILTERS = ("none", "behavior")
-SPREADS = ("linspace", "uniform")
+SPREADS = ("linspace", "uniform", "aligned")
 ANNEALS = ("linear", "cosine", "none")
 CORRECTIONS = ("none", "token_truncate", "sequence_truncate")
 REWARD_AGGREGATIONS = ("sum", "upgrad", "locu")
 POSITIONS = ("all", "answer")
+
+
+def aligned_rows(num_generations: int, share: float) -> int:
+    """Rows of a group sampled inside the aligned range under ``alpha_spread: aligned``."""
+    import math
+
+    return math.ceil(share * num_generations - 1e-9)
 
 
 @dataclass
@@ -63,7 +70,15 @@ class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
     alpha_max: float = field(default=4.0, metadata={"help": "largest steering intensity in a group at step 0"})
     alpha_spread: str = field(default="linspace", metadata={
         "help": "intensities within a group: linspace (0..alpha_max, evenly) | uniform (row 0 at 0, the rest "
-                "drawn uniformly in [0, alpha_max])"})
+                "drawn uniformly in [0, alpha_max], each group its own draw) | aligned (row 0 at 0; "
+                "ceil(aligned_share x G) rows drawn uniformly in aligned_alpha_range at every step, not annealed; "
+                "the rest uniform in [0, alpha_max] as annealed; each group its own draw)"})
+    aligned_alpha_range: list[float] | None = field(default=None, metadata={
+        "help": "[lo, hi]: the intensities at which the alignment check, sampling at the rollout temperature, "
+                "measured a behaviour rate above the unsteered one (llmkit.train.vspo.alignment.pick's range). "
+                "Required by alpha_spread aligned; with any spread it gives steered_share_above_base in eval.json"})
+    aligned_share: float = field(default=1 / 3, metadata={
+        "help": "alpha_spread aligned: the least share of each group's rollouts sampled inside aligned_alpha_range"})
     alpha_anneal: str = field(default="linear", metadata={"help": "anneal alpha_max toward 0: linear | cosine | none"})
     alpha_anneal_fraction: float = field(default=1.0, metadata={
         "help": "fraction of max_steps after which intensities reach their final value"})
@@ -155,6 +170,20 @@ class VSPOConfig(LlmkitOptimMixin, GRPOConfig):
             raise ValueError("alpha_anneal_fraction must be in (0, 1]")
         if self.stop_after_minutes is not None and self.stop_after_minutes < 0:
             raise ValueError("stop_after_minutes must be >= 0")
+        if self.aligned_alpha_range is not None:
+            r = self.aligned_alpha_range
+            if len(r) != 2 or not 0 < r[0] <= r[1]:
+                raise ValueError(f"aligned_alpha_range must be [lo, hi] with 0 < lo <= hi, got {list(r)}")
+        if not 0 < self.aligned_share < 1:
+            raise ValueError(f"aligned_share must be in (0, 1), got {self.aligned_share}")
+        if self.alpha_spread == "aligned":
+            if self.aligned_alpha_range is None:
+                raise ValueError("alpha_spread aligned needs aligned_alpha_range [lo, hi] (the alignment check's "
+                                 "range at the rollout temperature)")
+            if aligned_rows(self.num_generations, self.aligned_share) > self.num_generations - 1:
+                raise ValueError(f"aligned_share {self.aligned_share:g} of num_generations {self.num_generations} "
+                                 "leaves no unsteered rollout in a group: lower aligned_share or raise "
+                                 "num_generations")
         if self.importance_clip <= 0:
             raise ValueError("importance_clip must be > 0")
         if self.reward_aggregation != "sum" and self.importance_correction != "none":

@@ -8,8 +8,11 @@ from statistics import mean
 def evaluate(model, tokenizer, rows: list[dict], behavior: str, *, max_new_tokens: int = 256, batch_size: int = 16,
              vector=None, alpha: float = 0.0, behavior_kwargs: dict | None = None, task_name: str = "gsm8k",
              progress: bool = True, keep_texts: bool = False,
-             positions: str = "all") -> dict:
-    """Greedy completions for ``rows`` (from ``data.build_rows``), scored by the task's grader and the behaviour.
+             positions: str = "all", temperature: float = 0.0, seed: int = 0) -> dict:
+    """Completions for ``rows`` (from ``data.build_rows``), scored by the task's grader and the behaviour.
+
+    Greedy by default; ``temperature`` > 0 samples (seeded per batch from ``seed``), e.g. at the rollout
+    temperature, where a steered model's behaviour rate can differ from its greedy one.
 
     Returns accuracy, behaviour rate, mean behaviour score, mean length in words, and the number of problems
     (and every completion under ``texts`` when ``keep_texts``).
@@ -23,7 +26,6 @@ def evaluate(model, tokenizer, rows: list[dict], behavior: str, *, max_new_token
     b = get_behavior(behavior)
     bkw = behavior_kwargs or {}
     prompts = [chat_prompt(tokenizer, r["prompt"]) for r in rows]
-    params = GenerationParams(max_new_tokens=max_new_tokens, temperature=0.0)
     was_training = model.training
     model.eval()
     texts: list[str] = []
@@ -36,6 +38,8 @@ def evaluate(model, tokenizer, rows: list[dict], behavior: str, *, max_new_token
                        leave=False)
         for start in range(0, len(prompts), batch_size):
             chunk = prompts[start:start + batch_size]
+            params = GenerationParams(max_new_tokens=max_new_tokens, temperature=float(temperature),
+                                      seed=seed + start if temperature > 0 else None)
             if vector is not None and alpha:
                 with Steering(model, vector, float(alpha), positions):
                     outs = generate(model, tokenizer, chunk, params, batch_size=batch_size)
@@ -64,6 +68,7 @@ def evaluate(model, tokenizer, rows: list[dict], behavior: str, *, max_new_token
         "behavior_score": mean(scores) if scores else 0.0,
         "mean_words": mean(word_count(t) for t in texts) if texts else 0.0,
         "alpha": float(alpha),
+        "temperature": float(temperature),
         "samples": [{"completion": t, "correct": a, "behavior": r} for t, a, r in list(zip(texts, acc, rates))[:5]],
     }
     if keep_texts:

@@ -13,7 +13,10 @@ Model names: a Hugging Face id or local folder, the bundled alias (default), or 
 Outputs in ``output_dir``: ``resolved_config.yaml``; ``steering/`` (the vector used, extracted from the
 behaviour's contrastive pairs unless ``steering_vector`` names one); ``checkpoint-*/`` (a rerun of the same
 command resumes from the last one; ``--resume_from_checkpoint PATH`` picks one); the final model;
-``metrics.jsonl``; ``reward_curves.png``; ``eval.json`` (behaviour rate and task accuracy before/after).
+``metrics.jsonl``; ``reward_curves.png``; ``eval.json`` (behaviour rate and task accuracy before/after;
+``rollouts_per_step``: per optimizer step, the rollouts' mean behaviour reward, steered and unsteered total
+rewards; with ``aligned_alpha_range``, ``steered_share_above_base``: the share of the run's rollouts that the
+schedule samples inside that range, i.e. where the alignment check saw the behaviour above its unsteered rate).
 
 Long CPU runs in pieces: ``--stop_after_minutes M`` saves a checkpoint and stops after the first step that ends
 past M minutes (counted from the start of the command, the "before" evaluation included); the same command run
@@ -115,6 +118,21 @@ def _resume_arg(value, out: Path):
     if last:
         print(f"resuming from {last}")
     return last
+
+
+def rollouts_per_step(metrics: Path, behavior: str) -> list[dict]:
+    """Per logged training step: the rollouts' mean behaviour reward and the steered / unsteered mean rewards."""
+    keys = {f"rewards/{behavior}/mean": "behavior_reward", "vspo/reward_steered": "reward_steered",
+            "vspo/reward_unsteered": "reward_unsteered", "vspo/share_above_base": "share_above_base",
+            "vspo/alpha_max": "alpha_max"}
+    rows = []
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            rec = json.loads(line)
+            row = {new: rec[old] for old, new in keys.items() if isinstance(rec.get(old), (int, float))}
+            if row and "step" in rec:
+                rows.append({"step": rec["step"], **row})
+    return rows
 
 
 def plot_reward_curves(metrics: Path, png: Path, title: str) -> Path | None:
@@ -302,6 +320,14 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
         if not is_main:
             return 0
         results["after"] = run_eval(0.0, "after (unsteered)")
+        results["rollouts_per_step"] = rollouts_per_step(out / "metrics.jsonl", cfg.behavior)
+        if cfg.aligned_alpha_range:
+            from llmkit.train.vspo.trainer import scheduled_share_in_range
+
+            lo, hi = cfg.aligned_alpha_range
+            results["aligned_alpha_range"] = [lo, hi]
+            results["steered_share_above_base"] = scheduled_share_in_range(
+                cfg, trainer.state.max_steps, cfg.num_generations, lo, hi)
         png = plot_reward_curves(out / "metrics.jsonl", out / "reward_curves.png",
                                  f"{cfg.mode} / {cfg.behavior}")
         if png:

@@ -78,6 +78,8 @@ though greedy steered generation did (6/32 at alpha 1 in the alignment check).
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Sequence
 
 import torch
 from trl import GRPOTrainer
@@ -85,6 +87,9 @@ from trl import GRPOTrainer
 from llmkit.optim.hf import LlmkitOptimTrainerMixin
 from llmkit.steering import Steering, SteeringVector, check_compatible
 from llmkit.train.reward_aggregation import RewardJacobianDescentMixin
+from llmkit.train.vspo.config import aligned_rows
+
+ALPHA_RNG_FILE = "vspo_alpha_rng.pt"  # the intensity generator's state, next to the Trainer's rng_state*.pth
 
 
 def alpha_scale(step: int, max_steps: int, cfg) -> float:
@@ -100,16 +105,51 @@ def alpha_scale(step: int, max_steps: int, cfg) -> float:
     return cfg.alpha_final + (cfg.alpha_max - cfg.alpha_final) * w
 
 
-def group_alphas(num_generations: int, top: float, spread: str, generator: torch.Generator | None = None
-                 ) -> torch.Tensor:
-    """Intensities for the G rollouts of one group; the first is always 0 (one unsteered rollout per group)."""
+def group_alphas(num_generations: int, top: float, spread: str, generator: torch.Generator | None = None,
+                 aligned_range: Sequence[float] | None = None, aligned_share: float = 1 / 3) -> torch.Tensor:
+    """Intensities for the G rollouts of one group; the first is always 0 (one unsteered rollout per group).
+
+    ``aligned``: rows 1..k (k = ``aligned_rows(G, aligned_share)``) uniform in ``aligned_range`` whatever
+    ``top`` is, the others uniform in [0, top]."""
     if num_generations == 1:
         return torch.zeros(1)
     if spread == "linspace":
         return torch.linspace(0.0, top, num_generations)
     a = torch.rand(num_generations, generator=generator) * top
+    if spread == "aligned":
+        if aligned_range is None:
+            raise ValueError("alpha_spread aligned needs aligned_range [lo, hi]")
+        lo, hi = float(aligned_range[0]), float(aligned_range[1])
+        k = min(aligned_rows(num_generations, aligned_share), num_generations - 1)
+        a[1:1 + k] = lo + torch.rand(k, generator=generator) * (hi - lo)
     a[0] = 0.0
     return a
+
+
+def scheduled_share_in_range(cfg, max_steps: int, num_generations: int, lo: float, hi: float) -> float:
+    """Expected share of a run's rollouts whose intensity lies in [lo, hi], from the schedule alone.
+
+    One generation batch per optimizer step (TRL's default ``steps_per_generation``), every group spread by
+    ``cfg.alpha_spread`` under ``alpha_scale``; uniform draws count by the length of their overlap with [lo, hi].
+    This is ``steered_share_above_base`` when [lo, hi] is the alignment check's range."""
+    if getattr(cfg, "mode", "vspo") != "vspo" or cfg.alpha_max <= 0 or max_steps <= 0 or num_generations < 2:
+        return 0.0
+    g = num_generations
+    tol = 1e-9 * max(1.0, hi)
+
+    def uniform_share(top: float) -> float:  # P(U[0, top] in [lo, hi])
+        return max(0.0, min(hi, top) - max(lo, 0.0)) / top if top > 0 else float(lo <= 0.0)
+
+    total = 0.0
+    for step in range(max_steps):
+        top = alpha_scale(step, max_steps, cfg)
+        if cfg.alpha_spread == "linspace":
+            inside = sum(lo - tol <= float(a) <= hi + tol for a in torch.linspace(0.0, top, g))
+        else:
+            k = min(aligned_rows(g, cfg.aligned_share), g - 1) if cfg.alpha_spread == "aligned" else 0
+            inside = k + (g - 1 - k) * uniform_share(top) + float(lo <= 0.0)
+        total += inside / g
+    return total / max_steps
 
 
 def leave_one_out_advantages(values: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -217,13 +257,30 @@ class VSPOTrainer(LlmkitOptimTrainerMixin, RewardJacobianDescentMixin, GRPOTrain
         return alpha_scale(self.state.global_step, self.state.max_steps, self.args)
 
     def rollout_alphas(self, num_rows: int) -> torch.Tensor:
-        """One intensity per local rollout row, by the row's position inside its GRPO group."""
+        """One intensity per local rollout row: every group of the global batch draws its own spread.
+
+        Groups are contiguous in the global batch and every process draws the spreads of all of them from
+        the same generator, so the processes agree and keep identical generator states (one saved file)."""
         g = self.num_generations
         top = self.current_alpha_max()
-        spread = group_alphas(g, top, self.args.alpha_spread, self._alpha_gen)
-        offset = self.accelerator.process_index * num_rows  # groups are contiguous in the global batch
-        pos = (torch.arange(num_rows) + offset) % g
-        return spread[pos]
+        total = num_rows * self.accelerator.num_processes
+        spreads = [group_alphas(g, top, self.args.alpha_spread, self._alpha_gen,
+                                getattr(self.args, "aligned_alpha_range", None),
+                                getattr(self.args, "aligned_share", 1 / 3)) for _ in range(-(-total // g))]
+        offset = self.accelerator.process_index * num_rows
+        return torch.cat(spreads)[offset:offset + num_rows]
+
+    # the intensity generator is training state: without it a resumed run replays the first steps' draws
+    def _save_rng_state(self, output_dir: str) -> None:
+        super()._save_rng_state(output_dir)
+        if self.args.should_save:
+            torch.save(self._alpha_gen.get_state(), os.path.join(output_dir, ALPHA_RNG_FILE))
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        super()._load_rng_state(checkpoint)
+        path = os.path.join(checkpoint, ALPHA_RNG_FILE) if checkpoint else None
+        if path and os.path.isfile(path):
+            self._alpha_gen.set_state(torch.load(path, weights_only=True))
 
     # ------------------------------------------------------------------ generation with steering
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -252,6 +309,10 @@ class VSPOTrainer(LlmkitOptimTrainerMixin, RewardJacobianDescentMixin, GRPOTrain
         self._metrics[mode]["vspo/alpha_max"].append(self.current_alpha_max())
         self._metrics[mode]["vspo/alpha_mean"].append(float(alphas.mean()))
         self._metrics[mode]["vspo/steered_fraction"].append(float((alphas > 0).float().mean()))
+        rng = getattr(self.args, "aligned_alpha_range", None)
+        if rng is not None:  # rollouts sampled where the alignment check saw the behaviour above its base rate
+            inside = (alphas >= rng[0] - 1e-9) & (alphas <= rng[1] + 1e-9)
+            self._metrics[mode]["vspo/share_above_base"].append(float(inside.float().mean()))
         self._log_reward_by_steering(alphas.to(device), mode)
         words = getattr(self, "_last_completion_words", None)
         if words:  # mean completion length in words (what locu_max_words constrains), for every aggregation
