@@ -53,7 +53,17 @@ on-policy); single process only, as upgrad. Caveat: b is estimated from a few ro
 dimensions such an estimate is mostly noise, so ||b|| overstates how fast the mean length moves and the
 step that just reaches the linearised boundary is short; the constraint is re-linearised every step.
 
-Deviations from the paper: the intensity schedule (linspace/uniform spread, linear/cosine annealing) is
+Intensities: every group of a batch gets its own spread (``uniform`` / ``aligned`` draw per group; all
+processes draw every group's spread from one seeded generator and keep their own rows, so they agree), and the
+generator's state is saved with each checkpoint, so a resumed run draws what an uninterrupted one would.
+``alpha_spread: aligned`` ties the schedule to the alignment check (``alignment.py``, run at the rollout
+temperature): ``aligned_share`` of each group's rollouts is sampled inside ``aligned_alpha_range``, the
+intensities at which the steered behaviour rate cleared the unsteered one, at every step; the other rows follow
+the annealed spread. ``scheduled_share_in_range`` gives the share of a run's rollouts sampled there
+(``steered_share_above_base``); a spread annealed from the top of that range leaves the range after the first
+steps, which is why the share is held rather than annealed.
+
+Deviations from the paper: the intensity schedule (linspace/uniform/aligned spread, linear/cosine annealing) is
 our reading of "varying steering intensities"; steering is applied at every position of prompt and
 completion (activation addition) at the configured layers, or with ``steering_positions: answer`` only from the
 last prompt token on (on the bundled model, steering the prompt too made the model lose the question's numbers,
