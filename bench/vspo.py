@@ -9,16 +9,21 @@ model (see recipes/configs/vspo/smollm2_concise_answer_gsm8k.yaml).
 
 1. Alignment check (the paper's condition "steering-induced distributions sufficiently aligned with the target
    behavior"; ``llmkit.train.vspo.alignment``): the vector is extracted from the behaviour's contrastive prompts
-   (16/32 training questions, layer 18 = 60% depth), then the base model generates greedily on ``--align-n``
-   held-out test problems (after the evaluation problems) unsteered and at each candidate of ``--align``
+   (16/32 training questions, layer 18 = 60% depth), then the base model samples at the rollout temperature
+   (seeded) on ``--align-n`` held-out test problems (after the evaluation problems) unsteered and at each
+   candidate of ``--align``
    (positions ``all``: activation addition on prompt and answer; ``answer``: from the last prompt token on) and
    intensity. Printed as ``alignment <candidate> alpha <a>: behavior_rate, accuracy, answer_rate, mean_words``;
    the pick (highest behaviour rate that keeps the answer rate and accuracy) sets the runs' steering positions,
-   ``guidance_alpha`` (also the teacher's) and ``alpha_max`` (top of the picked vector's range).
+   ``guidance_alpha`` (also the teacher's), ``alpha_max`` (top of the picked vector's range) and, with
+   ``--spread aligned`` (default), ``aligned_alpha_range``: the intensities whose behaviour rate cleared the
+   unsteered rate, inside which ``--aligned-share`` of every group's rollouts is sampled at every step.
+   ``steered_share_above_base`` (figures) is the share of a VSPO run's rollouts that its schedule samples in that
+   range (0 when the check found no such range).
 2. Methods, all through ``llmkit train vspo`` (``llmkit.train.vspo.recipe``) with one config:
 
 - ``vspo``: GRPO whose rollouts are steered at intensities spread over [0, alpha_max], annealed linearly to 0 by
-  75% of the steps (our addition);
+  75% of the steps (our addition), with the aligned share held in the alignment check's range;
 - ``vspo_fixed``: the same with a fixed spread (``alpha_anneal none``): the schedule comparison;
 - ``grpo``: reward-shaped GRPO, the same rewards (task correctness + behaviour), no steering;
 - ``teacher``: teacher-trace distillation, SFT on the steered model's own samples (as many completions and
@@ -31,9 +36,10 @@ over seeds with Wilson 95% intervals and per-seed values; the first step at whic
 seeds; censored seeds reported as not reached). Base model and guidance are greedy and seed-free, so they run once.
 
 Presets (sized for a shared 2-core CPU, one torch thread per process, run through /work/bin/heavy): full: 3 seeds,
-4 steps of 8 rollouts (2 prompts x 4), 64-token completions and evaluations, 32 evaluation problems, curve every 2
-steps on 16, alignment on 32 problems; about 50 slot-minutes, split in two processes with ``--part 1/2`` and
-``--part 2/2`` (``--reuse``), or shared first come first served with ``--reuse --claim`` in each process.
+4 steps of 8 rollouts (2 prompts x 4), 64-token completions and evaluations, 32 evaluation problems, a curve
+point every step on 16, alignment on 32 problems; about 50 slot-minutes with a point every 2 steps (more with one
+per step), split in two processes with ``--part 1/2`` and ``--part 2/2`` (``--reuse``), or shared first come
+first served with ``--reuse --claim`` in each process.
 ``--quick``: 1 seed, 24 evaluation problems, curve on 8.
 Writes bench/results/vspo[_quick].json and a PNG (bars with intervals and the behaviour-rate curves).
 ``--timing`` is the older per-step overhead benchmark (VSPO vs TRL's GRPOTrainer, tiny model with ``--quick``),
@@ -68,7 +74,8 @@ def main():
     ap.add_argument("--seeds", type=int, default=None, help="seeds per trained method (default 3, --quick 1)")
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps per trained run (default 4)")
     ap.add_argument("--eval-n", type=int, default=None, help="held-out problems per evaluation (32, --quick 24)")
-    ap.add_argument("--curve-every", type=int, default=None, help="curve point every N steps (2)")
+    ap.add_argument("--curve-every", type=int, default=None, help="curve point every N steps (1: a behaviour "
+                    "rate per step for every trained arm)")
     ap.add_argument("--curve-n", type=int, default=None, help="problems per curve point (16, --quick 8)")
     ap.add_argument("--target", type=float, default=0.25, help="target behaviour rate for the first-step figure")
     ap.add_argument("--behavior", default="concise_answer")
@@ -80,6 +87,10 @@ def main():
     ap.add_argument("--align-n", type=int, default=32, help="held-out problems of the alignment check")
     ap.add_argument("--alpha-max", type=float, default=None, help="VSPO's largest intensity (default: the top of "
                     "the alignment check's range)")
+    ap.add_argument("--spread", default="aligned", choices=("aligned", "linspace", "uniform"),
+                    help="VSPO's alpha_spread (aligned: needs a range from the alignment check, else linspace)")
+    ap.add_argument("--aligned-share", type=float, default=1 / 3, help="least share of each group's rollouts "
+                    "sampled inside the alignment check's range (alpha_spread aligned)")
     ap.add_argument("--guidance-alpha", type=float, default=None, help="steering intensity for guidance and the "
                     "teacher's traces (default: the alignment check's pick)")
     ap.add_argument("--learning-rate", type=float, default=5e-5)
@@ -225,7 +236,8 @@ def run_recipe(out: Path, overrides: dict, reuse: bool = False) -> dict:
 
 def alignment(args, common: dict, work: Path, tokens: int) -> dict:
     """The paper's alignment condition on held-out problems (``llmkit.train.vspo.alignment``): extract the vector
-    from the behaviour's contrastive pairs, generate greedily at each ``--align-alphas`` intensity, pick one."""
+    from the behaviour's contrastive pairs, sample at the rollout temperature at each ``--align`` intensity,
+    pick one."""
     import torch
 
     from llmkit.models import load
@@ -236,7 +248,9 @@ def alignment(args, common: dict, work: Path, tokens: int) -> dict:
 
     vec_dir = work / "steering"
     cached = work / "alignment.json"
-    if args.reuse and cached.is_file() and (vec_dir / "steering.safetensors").is_file():
+    temperature = float(common["temperature"])
+    if args.reuse and cached.is_file() and (vec_dir / "steering.safetensors").is_file() \
+            and json.loads(cached.read_text()).get("temperature") == temperature:
         result = json.loads(cached.read_text())
         for line in format_table(result["table"]):
             print(line)
@@ -261,12 +275,13 @@ def alignment(args, common: dict, work: Path, tokens: int) -> dict:
         if pos not in ("all", "answer"):
             raise SystemExit(f"--align: positions must be all or answer, got {pos!r} in {spec!r}")
     table = measure(model, tok, test, cands, [], args.behavior, behavior_kwargs={"max_words": args.max_words},
-                    max_new_tokens=tokens, batch_size=common["eval_batch_size"], progress=True)
+                    max_new_tokens=tokens, batch_size=common["eval_batch_size"], progress=True,
+                    temperature=temperature, seed=0)
     choice = pick(table)
     for line in format_table(table):
         print(line)
     result = {"table": table, "pick": choice, "n": len(test), "norms": SteeringVector.load(vec_dir).norms(),
-              "max_new_tokens": tokens, "candidates": args.align}
+              "max_new_tokens": tokens, "candidates": args.align, "temperature": temperature}
     cached.write_text(json.dumps(result, indent=2) + "\n")
     del model
     return result
@@ -300,7 +315,7 @@ def methods(args) -> None:
         "num_generations": 4, "max_completion_length": tokens, "temperature": 1.0,
         "learning_rate": args.learning_rate, "lr_scheduler_type": "constant", "beta": 0.0, "logging_steps": 1,
         "save_strategy": "no", "report_to": "none", "use_cpu": True, "bf16": False, "dataloader_num_workers": 0,
-        "disable_tqdm": True, "curve_every_steps": args.curve_every or 2,
+        "disable_tqdm": True, "curve_every_steps": args.curve_every or 1,
         "curve_num_problems": args.curve_n or (8 if args.quick else 16), "target_behavior_rate": args.target,
     }
     if args.layer is not None:
@@ -313,6 +328,13 @@ def methods(args) -> None:
         choice["range"][1] if choice.get("range") else guidance_alpha)
     common.update({"guidance_alpha": guidance_alpha, "alpha_max": alpha_max,
                    "steering_positions": choice.get("positions") or "all", "steering_vector": str(work / "steering")})
+    spread = args.spread
+    if choice.get("range"):
+        common["aligned_alpha_range"] = list(choice["range"])
+    elif spread == "aligned":
+        print("the alignment check found no intensity range above the unsteered rate: VSPO spreads by linspace")
+        spread = "linspace"
+    common.update({"alpha_spread": spread, "aligned_share": args.aligned_share})
     plan = [("guidance", None)] + [(m, seed) for seed in range(seeds) for m in RUN_MODES]
     k, n_parts = (int(x) for x in args.part.split("/"))
     runs: dict[str, list[dict]] = {m: [] for m in METHODS}
@@ -360,6 +382,10 @@ def methods(args) -> None:
         fig[f"behavior_rate_{m}_ci95"] = s["behavior_rate"]["ci95"]
         fig[f"accuracy_{m}"] = s["accuracy"]["rate"]
         fig[f"accuracy_{m}_ci95"] = s["accuracy"]["ci95"]
+        shares = [r["steered_share_above_base"] for r in runs[m] if r.get("steered_share_above_base") is not None]
+        if m.startswith("vspo"):  # from the schedule and the alignment check's range; 0 without a range
+            share = statistics.mean(shares) if shares else 0.0
+            fig["steered_share_above_base" if m == "vspo" else f"steered_share_above_base_{m}"] = share
         per_step = [r["train_seconds"] / r["steps"] for r in runs[m] if r.get("train_seconds") and r.get("steps")]
         if per_step:  # includes the curve evaluations (callbacks run inside training); teacher: traces + SFT
             fig[f"train_seconds_per_step_{m}"] = statistics.mean(per_step)
@@ -380,7 +406,8 @@ def methods(args) -> None:
                "base": {k_: base[k_] for k_ in ("n", "behavior_rate", "accuracy", "mean_words")}, "config": common,
                "missing_runs": missing, "seconds": round(time.time() - t0), "runs": {
                m: [{k_: r.get(k_) for k_ in ("after", "curve", "first_step_at_target", "teacher", "steps",
-                                               "train_seconds")} for r in rs] for m, rs in runs.items()}}
+                                               "train_seconds", "rollouts_per_step", "steered_share_above_base")}
+                   for r in rs] for m, rs in runs.items()}}
     (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
     plot_methods(summary, base, runs, RESULTS / f"{name}.png",
                  f"{args.behavior}: {seeds} seed(s), {steps} steps, alpha_max {alpha_max:g}")
