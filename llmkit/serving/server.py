@@ -695,29 +695,12 @@ class _EngineView:
         return getattr(self._engine, name)
 
     def generate(self, prompts, params: GenerationParams, n: int = 1, progress: bool = False):
-        from llmkit.generation import Completion, prompt_ids
+        from llmkit.engines.stream import collect
+        from llmkit.generation import prompt_ids
 
-        jobs = []
-        for p in prompts:
-            ids = prompt_ids(self._engine.tokenizer, p)  # a ChatPrompt's safe ids where content held markup
-            for _ in range(n):
-                done, parts, last = threading.Event(), [], []
-
-                def on_event(ev, done=done, parts=parts, last=last):
-                    parts.append(ev.text)
-                    if ev.finish_reason:
-                        last.append(ev)
-                        done.set()
-                self._streamer.submit(StreamRequest(ids, params, on_event))
-                jobs.append((ids, done, parts, last))
-        out = []
-        for ids, done, parts, last in jobs:
-            done.wait()
-            ev = last[0]
-            if ev.error:
-                raise RuntimeError(f"generation failed: {ev.error}")
-            finish = "length" if ev.finish_reason == "length" else "stop"
-            out.append(Completion("".join(parts), len(ids), ev.n_tokens, finish, []))
+        # a ChatPrompt's safe ids where content held markup
+        ids = [prompt_ids(self._engine.tokenizer, p) for p in prompts for _ in range(n)]
+        out = collect(self._streamer, ids, [params] * len(ids))
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 
