@@ -15,7 +15,14 @@ Conditions (held-out families only; none of them is seen in training):
   smith               warm start (SFT on reference traces of the TRAINING families, documented) + SMITH GRPO with
                       the three axes normalized separately; the trained policy writes the tools and answers
   combined_reward     the same, with schema+code+outcome summed into one scalar before the advantage (ablation)
-  student_*           the frozen base model answers with tools written by the trained policy / the untrained writer
+  student_*           a frozen student that can call tools: the warm-started policy, frozen BEFORE GRPO, answers with
+                      the held-out tools written by the GRPO-trained policy / by the untrained writer, with the
+                      reference tools, and without tools; ``student.*.call_parse_rate`` says it parses (so the
+                      comparison measures the tools, not the call syntax)
+GRPO: every step holds use_share (0.5) use prompts; the pool starts with the training families' verified reference
+tools (seed_pool reference: the warm start's targets), so use rollouts train from step one; ``use_fraction`` per
+step is the share of use rollouts in that step.
+Held-out macro accuracies come with the questions per family and the exact binomial interval (``heldout``).
 Warm start (documented deviation, training families only): SFT on reference-tool traces, one third use traces
 (the exact <tool_call> JSON + answer), two thirds build traces (spec + code); --quick trains only the top 10 layers
 for 20 steps of 4 traces, because a full backward pass does not fit the shared CPU. ``build_verified_rate``: the
@@ -48,7 +55,7 @@ def plot(res: dict, png: Path, runs: dict):
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     names = ["no_tools", "reference_tools", "warm_reference_tools", "untrained_writer", "smith", "combined_reward",
-             "student_untrained_tools", "student_smith_tools"]
+             "student_no_tools", "student_untrained_tools", "student_smith_tools", "student_reference_tools"]
     names = [k for k in names if k in res["conditions"]]
     vals = [res["conditions"][k] for k in names]
     colors = {"no_tools": "gray", "reference_tools": "green", "warm_reference_tools": "olive", "smith": "C0",
@@ -92,6 +99,14 @@ def curves(metrics: Path) -> dict:
                 out[name][0].append(rec["step"])
                 out[name][1].append(rec[key])
     return out
+
+
+STAT_KEYS = ("macro", "n_per_family", "correct_per_family", "macro_ci", "call_parse_rate")
+
+
+def stats(r: dict) -> dict:
+    """What the JSON keeps of one evaluation: the macro, its counts and binomial interval, the call parse rate."""
+    return {k: r.get(k) for k in STAT_KEYS}
 
 
 def _part(work: Path, name: str, fn) -> dict:
@@ -159,23 +174,23 @@ def main() -> int:
         model, tok = load(DEFAULT_MODEL)
         gen = local_generator(model, tok, max_new_tokens=max_new, batch_size=16)
         build_gen = local_generator(model, tok, max_new_tokens=build_max_new, batch_size=16)
-        cond, per_fam, samples = {}, {}, {}
+        cond, per_fam, samples, held = {}, {}, {}, {}
         r = evaluate(gen, fams, mode="none", n=n)
-        cond["no_tools"], per_fam["no_tools"] = r["macro"], r["per_family"]
+        cond["no_tools"], per_fam["no_tools"], held["no_tools"] = r["macro"], r["per_family"], stats(r)
         r = evaluate(gen, fams, mode="reference", n=n)
-        cond["reference_tools"], per_fam["reference_tools"] = r["macro"], r["per_family"]
+        cond["reference_tools"], per_fam["reference_tools"], held["reference_tools"] = r["macro"], r["per_family"], stats(r)
         parse = r["call_parse_rate"]
         samples["base_reference_tools"] = r["sample_replies"]
         upool = ToolPool(work / "untrained_pool")
         built = build_tools(build_gen, fams, upool, examples=3, checks=4, source=DEFAULT_MODEL)
         r = evaluate(gen, fams, pool=upool, n=n)
-        cond["untrained_writer"], per_fam["untrained_writer"] = r["macro"], r["per_family"]
-        cond["student_untrained_tools"] = r["macro"]  # the writer and the student are the same frozen model here
+        cond["untrained_writer"], per_fam["untrained_writer"], held["untrained_writer"] = (r["macro"], r["per_family"],
+                                                                                       stats(r))
         for k in ("no_tools", "reference_tools", "untrained_writer"):
             print(f"held-out macro acc {k}: {cond[k]:.3f}")
         print(f"use call parse rate, base model with the reference tools: {parse:.3f}")
         return {"sandbox": ov, "attacks": attacks, "escapes": escapes, "conditions": cond, "per_family": per_fam,
-                "parse_base": parse, "sample_replies": samples,
+                "parse_base": parse, "sample_replies": samples, "heldout_stats": held,
                 "untrained_builds": {k: {a: v[a] for a in ("schema", "code", "outcome", "added")}
                                      for k, v in built.items()}}
 
@@ -205,7 +220,7 @@ def main() -> int:
         if not q:  # the quick run measures the parse rate after warm start + GRPO only (the smith run), for time
             r = evaluate(local_generator(wmodel, wtok, max_new_tokens=max_new), fams, mode="reference", n=n)
             out.update(warm_reference_tools=r["macro"], per_family=r["per_family"], parse=r["call_parse_rate"],
-                       sample_replies=r["sample_replies"])
+                       sample_replies=r["sample_replies"], heldout_stats=stats(r))
             print(f"held-out macro acc warm_reference_tools: {r['macro']:.3f}; use call parse rate after warm "
                   f"start {r['call_parse_rate']:.3f}")
         out["warm_part_seconds"] = round(time.time() - t0, 1)
@@ -221,7 +236,7 @@ def main() -> int:
                           max_completion_length=build_max_new, temperature=0.8, learning_rate=1e-5,
                           beta=0.0, logging_steps=1, save_strategy="no", num_prompts=8 * grpo_steps,
                           gradient_checkpointing=False,  # 135M on CPU: memory is no issue, recomputation is
-                          build_ratio=0.5, build_examples=3, build_checks=4, eval_n=n, eval_max_new_tokens=max_new,
+                          use_share=0.5, seed_pool="reference", build_examples=3, build_checks=4, eval_n=n, eval_max_new_tokens=max_new,
                           eval_build_max_new_tokens=build_max_new, eval_no_tools=not q,
                           eval_reference=not q or name == "smith", dataloader_num_workers=0, seed=0)
         t0 = time.time()
@@ -229,6 +244,8 @@ def main() -> int:
         ev = json.loads((out / "eval.json").read_text())
         ref = ev["after"]["reference_tools"]
         d = {"macro": ev["after"]["with_tools"]["macro"], "per_family": ev["after"]["with_tools"]["per_family"],
+             "heldout_stats": stats(ev["after"]["with_tools"]), "use_fraction": ev.get("use_fraction"),
+             "seeded_pool": ev.get("seeded_pool"),
              "reference_macro": ref["macro"] if ref else None, "parse": ev["after"]["use_call_parse_rate"],
              "sample_replies": ev["after"]["with_tools"]["sample_replies"],
              "reference_sample_replies": ref["sample_replies"] if ref else None,
@@ -267,53 +284,66 @@ def main() -> int:
     if "combined_reward" not in parts:
         print("combined_reward: not run (no part_combined_reward.json in the work folder); its keys are null")
     b, w = parts["base"], parts.get("warm", {})
-    cond, per_fam = dict(b["conditions"]), dict(b["per_family"])
+    if not (work / "warm" / "model").is_dir():
+        raise SystemExit(f"no warm-started model in {work / 'warm' / 'model'} (the frozen student): run --only warm")
+    cond, per_fam, held = dict(b["conditions"]), dict(b["per_family"]), dict(b["heldout_stats"])
     parse = {"base": b["parse_base"]}
     if "warm_reference_tools" in w:
         cond["warm_reference_tools"], per_fam["warm_reference_tools"] = w["warm_reference_tools"], w["per_family"]
-        parse["warm_start"] = w["parse"]
+        parse["warm_start"], held["warm_reference_tools"] = w["parse"], w["heldout_stats"]
     samples = dict(b["sample_replies"])
-    runs = {}
+    runs, use_fraction = {}, {}
     for name in [k for k in ("smith", "combined_reward") if k in parts]:
         d = parts[name]
         cond[name], per_fam[name], runs[name] = d["macro"], d["per_family"], d["run"]
+        held[name], use_fraction[name] = d["heldout_stats"], d["use_fraction"]
         samples[name] = d["sample_replies"]
         if d["reference_macro"] is not None:
             cond[f"{name}_reference_tools"], parse[name] = d["reference_macro"], d["parse"]
             samples[f"{name}_reference_tools"] = d["reference_sample_replies"]
-    # ---- frozen student: the base model uses the trained policy's held-out tools
+    # ---- frozen student: the warm-started policy, frozen before GRPO. It emits the call format (the base model
+    # does not: its parse rate is use_call_parse_rate.base), so its accuracy with each writer's tools measures the
+    # tools, not the call syntax
     student: dict = {}
 
     def student_gen():
         if "gen" not in student:
-            model, tok = load(DEFAULT_MODEL)
-            student["gen"] = local_generator(model, tok, max_new_tokens=max_new, batch_size=16)
+            model, tok = load(str(work / "warm" / "model"))
+            student["gen"] = local_generator(ready_for_generation(model), tok, max_new_tokens=max_new, batch_size=16)
         return student["gen"]
 
-    spool = ToolPool(work / "smith" / "eval_pool_after")
-    if spool.families():
-        r = evaluate(student_gen(), fams, pool=spool, n=n)
-        cond["student_smith_tools"], per_fam["student_smith_tools"] = r["macro"], r["per_family"]
-    else:  # no verified held-out tool: the student answers every question without one, i.e. the no_tools run
-        cond["student_smith_tools"], per_fam["student_smith_tools"] = cond["no_tools"], per_fam["no_tools"]
-    print(f"frozen student (base model) with SMITH-written tools: {cond['student_smith_tools']:.3f} vs with "
-          f"untrained-writer tools {cond['student_untrained_tools']:.3f} (SMITH held-out tools: "
-          f"{len(spool.families())})")
-    # the same frozen student with the tools the policy verified DURING training (training families, evaluation
-    # questions never used in training), against answering those questions without tools; the untrained writer's
-    # training-family builds are build_verified_rate_before, so with 0 its student condition is the no-tools one
-    tpool = ToolPool(work / "smith" / "pool")
+    spool, upool = ToolPool(work / "smith" / "eval_pool_after"), ToolPool(work / "untrained_pool")
+    student_res = {"model": "the warm-started policy, frozen before GRPO", "smith_heldout_tools": spool.families(),
+                   "untrained_heldout_tools": upool.families()}
+    for k, r in (("smith_tools", evaluate(student_gen(), fams, pool=spool, n=n)),
+                 ("untrained_tools", evaluate(student_gen(), fams, pool=upool, n=n)),
+                 ("reference_tools", evaluate(student_gen(), fams, mode="reference", n=n)),
+                 ("no_tools", evaluate(student_gen(), fams, mode="none", n=n))):
+        cond[f"student_{k}"], per_fam[f"student_{k}"], held[f"student_{k}"] = r["macro"], r["per_family"], stats(r)
+        student_res[k] = stats(r)
+    print(f"frozen student (warm start, before GRPO): with SMITH-written tools {cond['student_smith_tools']:.3f} "
+          f"({len(spool.families())} held-out tools), with untrained-writer tools "
+          f"{cond['student_untrained_tools']:.3f} ({len(upool.families())}), with the reference tools "
+          f"{cond['student_reference_tools']:.3f} (call parse rate "
+          f"{student_res['reference_tools']['call_parse_rate']:.3f}), without tools {cond['student_no_tools']:.3f}")
+    # the same frozen student with the tools GRPO's own builds verified (training families, evaluation questions
+    # never used in training; the seeded reference tools left out), against answering those questions without tools
+    policy_tools = [e for e in ToolPool(work / "smith" / "pool").entries() if e.source == "policy"]
     student_train = None
-    if tpool.families():
+    if policy_tools:
+        shutil.rmtree(work / "smith_policy_pool", ignore_errors=True)
+        tpool = ToolPool(work / "smith_policy_pool")
+        for e in policy_tools:
+            tpool.add(e.spec, e.family, e.score, step=e.step, source=e.source)
         tf = tpool.families()
         r = evaluate(student_gen(), tf, pool=tpool, n=n)
         r0 = evaluate(student_gen(), tf, mode="none", n=n)
         student_train = {"families": tf, "with_pool": r["macro"], "no_tools": r0["macro"],
                          "per_family_with_pool": r["per_family"], "per_family_no_tools": r0["per_family"],
-                         "call_parse_rate": r["call_parse_rate"]}
-        print(f"frozen student (base model) on the {len(tf)} training families of SMITH's training pool: with the "
-              f"pooled tools {r['macro']:.3f} vs without tools {r0['macro']:.3f} (call parse rate "
-              f"{r['call_parse_rate']:.3f})")
+                         "call_parse_rate": r["call_parse_rate"], "with_pool_stats": stats(r),
+                         "no_tools_stats": stats(r0)}
+        print(f"frozen student on the {len(tf)} training families GRPO verified a tool for: with those tools "
+              f"{r['macro']:.3f} vs without tools {r0['macro']:.3f} (call parse rate {r['call_parse_rate']:.3f})")
     for k in [k for k in ("smith", "combined_reward", "untrained_writer", "reference_tools") if k in cond]:
         print(f"difference {k} - no_tools: {cond[k] - cond['no_tools']:+.3f}")
 
@@ -330,6 +360,8 @@ def main() -> int:
                  "warm_builds": {k: w.get(f"build_{k}") for k in ("before", "after")}, "sandbox": ov, "attacks": b["attacks"],
                  "untrained_builds": b["untrained_builds"], "conditions": cond, "per_family": per_fam, "runs": runs,
                  "use_call_parse_rate": parse, "sample_replies": samples, "student_training_pool": student_train,
+                 "student": student_res, "heldout_stats": held, "use_fraction": use_fraction,
+                 "seeded_pool": parts["smith"].get("seeded_pool"),
                  "parts_written_utc": written, "merge_seconds": round(time.time() - t_start, 1)}
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = "smith_quick" if q else "smith"
@@ -342,6 +374,14 @@ def main() -> int:
                "heldout_macro_acc_combined_reward": cond.get("combined_reward"),
                "student_macro_acc_smith_tools": cond["student_smith_tools"],
                "student_macro_acc_untrained_tools": cond["student_untrained_tools"],
+               "student_macro_acc_reference_tools": cond["student_reference_tools"],
+               "student_macro_acc_no_tools": cond["student_no_tools"],
+               "student_call_parse_rate": student_res["reference_tools"]["call_parse_rate"],
+               "student_call_parse_rate_smith_tools": student_res["smith_tools"]["call_parse_rate"],
+               "heldout_macro_acc_ci": held["smith"]["macro_ci"],
+               "heldout_questions_per_family": held["smith"]["n_per_family"],
+               "use_fraction": use_fraction.get("smith"),
+               "use_fraction_combined_reward": use_fraction.get("combined_reward"),
                "heldout_macro_acc_warm_start_reference_tools": cond.get("warm_reference_tools"),
                "heldout_macro_acc_smith_reference_tools": cond.get("smith_reference_tools"),
                "use_call_parse_rate_base": parse["base"], "use_call_parse_rate_warm_start": parse.get("warm_start"),
