@@ -3,49 +3,23 @@ across checkpoints, the alignment-derived schedule and its ``steered_share_above
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from llmkit.steering import Steering, SteeringVector
+from llmkit.steering import Steering
 from llmkit.train.vspo.trainer import group_alphas, scheduled_share_in_range
 
-PROMPTS = [[{"role": "user", "content": "What is 2 + 2?"}], [{"role": "user", "content": "Name a colour."}]]
-
-
-def _reward_len(completions, **kw):
-    return [float(len(c[0]["content"] if isinstance(c, list) else c)) for c in completions]
-
-
-def _trainer(tmp_path, model, tok, vec, **overrides):
-    from datasets import Dataset
-
-    from llmkit.train.vspo.config import VSPOConfig
-    from llmkit.train.vspo.trainer import VSPOTrainer
-
-    kw = {"output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 8, "num_generations": 4,
-          "max_completion_length": 8, "max_steps": 10, "report_to": "none", "use_cpu": True, "bf16": False,
-          "beta": 0.0, "alpha_max": 6.0, "alpha_anneal": "none", "logging_steps": 1, "seed": 0, "temperature": 1.0}
-    kw.update(overrides)
-    ds = Dataset.from_list([{"prompt": p} for p in PROMPTS] * 4)
-    trainer = VSPOTrainer(model=model, args=VSPOConfig(**kw), reward_funcs=[_reward_len], train_dataset=ds,
-                          processing_class=tok, steering_vector=vec)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
-    return trainer
-
-
-@pytest.fixture()
-def vec(tiny_model):
-    torch.manual_seed(3)
-    return SteeringVector({1: torch.randn(tiny_model.config.hidden_size) * 4.0})
-
-
-def _group_batch():
-    return [{"prompt": p} for p in PROMPTS for _ in range(4)]
+# the trainer builder and steering vector of tests/test_vspo.py (a test module, so loaded by path)
+_spec = importlib.util.spec_from_file_location("vspo_base_tests", Path(__file__).parents[2] / "test_vspo.py")
+_base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_base)
+_trainer, _group_batch, vec = _base._trainer, _base._group_batch, _base.vec
 
 
 def _completion_logps(model, ids, attn, keep):
