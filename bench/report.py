@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -135,6 +136,17 @@ def render_page(name: str, data: dict, spec: Spec, has_png: bool, load) -> str:
     return "\n".join(lines)
 
 
+def committed_json(root: Path) -> list[Path]:
+    """The results JSON git tracks (a run still being written is not a result yet); every one outside git."""
+    res = root / "bench" / "results"
+    out = subprocess.run(["git", "ls-files", "--", "bench/results/*.json"], cwd=root, capture_output=True,
+                         text=True, check=False) if (root / ".git").exists() else None
+    names = out.stdout.split() if out is not None and out.returncode == 0 else None
+    if names is None:
+        return sorted(res.glob("*.json"))
+    return sorted(p for p in (root / n for n in names) if p.parent == res and p.is_file())
+
+
 def render_all(root: Path = ROOT) -> dict[Path, str]:
     """Every generated file's expected text, keyed by path, computed from the JSON alone."""
     res = root / "bench" / "results"
@@ -151,7 +163,7 @@ def render_all(root: Path = ROOT) -> dict[Path, str]:
              "One page per JSON in this folder, generated from it by `python bench/report.py`.", "",
              "| page | what it measures |", "|---|---|"]
     table = ["| benchmark | finding (generated from the JSON) | page |", "|---|---|---|"]
-    for p in sorted(res.glob("*.json")):
+    for p in committed_json(root):
         name, data = p.stem, load(p.stem)
         spec = SPECS.get(name) or fallback_spec(name, data, root)
         if "_quick" in name and "quick" not in spec.title:

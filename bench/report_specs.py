@@ -129,6 +129,10 @@ SPECS: dict[str, Spec] = {
     "serving_hf_continuous": Spec(title="Serving throughput, hf engine only", about="Continuous batching on the hf "
                                   "engine vs sequential generate.", command="python bench/serving.py --skip-vllm "
                                   "--out bench/results/serving_hf_continuous.json"),
+    "serving_client": Spec(title="vLLM's own client against vLLM's server and llmkit serve", about="vllm bench serve "
+                           "(random prompts, completions, ignore_eos) against vLLM's OpenAI server, llmkit serve "
+                           "--engine vllm and llmkit serve (hf): output tok/s ratios, median TTFT/TPOT, failures.",
+                           command="python bench/serving.py --client-only"),
     "serving_robustness": Spec(title="Serving under hostile traffic", about="Malformed requests, then valid ones.",
                                command="python bench/serving_robustness.py", headline=lambda d, _: (
                                    f"{d['malformed_4xx']}/{d['malformed']} malformed requests got a 4xx; "
