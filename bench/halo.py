@@ -4,9 +4,10 @@ Each schedule trains fresh copies of SmolLM2-135M-Instruct through the recipe's
 ``HaloSFTTrainer`` (AdamW, constant LR, no warmup, no weight decay).
 The workload, sweep and statistics live in ``llmkit.train.halo.experiment``:
 
-1. learning-rate sweep per schedule (seed 0, the smallest training size), scored
-   on a sweep split of GSM8K *train* rows outside the training pool; each schedule
-   then runs at its own best rate;
+1. learning-rate sweep per schedule and training size (seed 0), scored on a
+   sweep split of GSM8K *train* rows outside the training pool; each schedule
+   then runs at its own best rate for that size (``--sweep_sizes smallest``: the
+   earlier protocol, one sweep at the smallest size used for every size);
 2. for every training size (the low-resource regime) and seed: a seeded subset of
    the pool and data order; validation loss (completion NLL on GSM8K *test*) every
    ``eval_every`` steps; forgetting = completion NLL on MATH-500 solutions (never
@@ -32,17 +33,19 @@ MATH-500 solutions at 384 tokens ~46 s. The first-pass full preset (sizes 64/256
 48 steps of batch 4 x 256, 64 val rows every 6 steps, 4 lrs) is ~6 slot-hours;
 the shared box gave this run ~80 slot-minutes, so the full preset is cut where
 it matters least: shorter sequences and fewer steps, but 3 seeds, every schedule
-at its own swept rate (4 rates, 16 sweep runs), a 24-row validation set scored every 5
+at its own swept rate (4 rates, 16 sweep runs per size), a 24-row validation set scored every 5
 steps (5 points per curve), forgetting on 16 MATH-500 solutions, and two sizes
 that both repeat data within the 40-example budget (20 steps x 2): n=8 is 5
 epochs, n=32 is 1.25 epochs. (At 20 steps, 64 and 256 rows would both be under
 one epoch and behave the same, so they would not test the low-resource regime.)
-About 160 s per run + 80 s per sweep run, ~85 slot-minutes in all; split it
-over two processes with ``--methods full halo`` and ``--methods lisa stepwise``.
+About 160 s per run + 80 s per sweep run, ~85 slot-minutes in all with the sweep
+at the smallest size (the per-size sweep adds 16 sweep runs per further size);
+split it over two processes with ``--methods full halo`` and ``--methods lisa stepwise``.
 
-The sweep runs at the smallest size only, so a schedule's rate can be too low for
-the larger one. Control used for the full run (full finetuning at HALO's rate,
-n=32 only; its figures are comparable with halo.json's n=32 keys, same data):
+With ``--sweep_sizes smallest`` a schedule's rate can be too low for the larger
+size; the per-size sweep (default) removes that. Control from the earlier
+protocol (full finetuning at HALO's rate, n=32 only; its figures are comparable
+with halo.json's n=32 keys, same data):
 
     .venv/bin/python bench/halo.py --name halo_full_lr3e-5_n32 --methods full --lrs 3e-5 --sizes 32
 
@@ -91,6 +94,8 @@ def parse_args():
     p.add_argument("--name", help="results name (default halo, or halo_quick with --quick)")
     p.add_argument("--fresh", action="store_true", help="retrain runs that have saved parts")
     p.add_argument("--merge_only", action="store_true", help="train nothing; figures from the saved parts")
+    p.add_argument("--sweep_sizes", choices=("each", "smallest"), default="each",
+                   help="sweep the learning rate at every training size (each) or at the smallest only")
     p.add_argument("--sweep_only", action="store_true",
                    help="run (or read) the learning-rate sweep, print its scores and stop")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the shared box: 1)")
@@ -182,29 +187,34 @@ def main() -> int:
         print(f"[{kind}] {spec.key()} done: {r['end_losses']}, train s {r['train_s']:.1f}", flush=True)
         return r
 
-    # 1. learning-rate sweep: seed 0, smallest size, scored on the sweep split
-    best_lr, sweep = {}, {}
-    for m in METHODS:
-        scores = {}
-        for lr in lrs:
-            r = run("sweep", ex.RunSpec(method=m, lr=lr, seed=0, n_train=sizes[0], **common), with_val=False)
-            scores[lr] = r["end_losses"]["sweep"] if r else None
-        sweep[m] = scores
-        if all(v is None for v in scores.values()):
-            continue
-        best_lr[m] = ex.pick_best_lr(scores)
-        print(f"sweep {m}: " + ", ".join(f"lr {lr:g}: {v:.4f}" if v is not None else f"lr {lr:g}: (not run)"
-                                         for lr, v in scores.items()) + f" -> {best_lr[m]:g}", flush=True)
+    # 1. learning-rate sweep: seed 0, per size (or the smallest only), scored on the sweep split
+    sweep_sizes = sizes if args.sweep_sizes == "each" else sizes[:1]
+    sweep = {m: {} for m in METHODS}  # sweep[method][size][lr] = sweep loss
+    for n in sweep_sizes:
+        for m in METHODS:
+            scores = {}
+            for lr in lrs:
+                r = run("sweep", ex.RunSpec(method=m, lr=lr, seed=0, n_train=n, **common), with_val=False)
+                scores[lr] = r["end_losses"]["sweep"] if r else None
+            sweep[m][n] = scores
+            if any(v is not None for v in scores.values()):
+                print(f"sweep {m} n={n}: " + ", ".join(f"lr {lr:g}: {v:.4f}" if v is not None else
+                                                      f"lr {lr:g}: (not run)" for lr, v in scores.items())
+                      + f" -> {ex.pick_best_lr(scores):g}", flush=True)
+    best_lr = ex.rates_per_size(sweep, sizes, per_size=args.sweep_sizes == "each")  # (method, size) -> rate
+    sweep_json = {m: {str(n): {f"{lr:g}": v for lr, v in sc.items()} for n, sc in per_n.items()}
+                  for m, per_n in sweep.items()}
     if args.sweep_only:
-        print(json.dumps({m: {f"{lr:g}": v for lr, v in sc.items()} for m, sc in sweep.items()}))
+        print(json.dumps(sweep_json))
         return 0
     # 2. every schedule at its own rate, seed-major so that an interrupted run still covers both sizes
     runs = []
     for seed in seeds:
         for n in sizes:
             for m in METHODS:
-                if m in best_lr:
-                    r = run("run", ex.RunSpec(method=m, lr=best_lr[m], seed=seed, n_train=n, **common), with_val=True)
+                if (m, n) in best_lr:
+                    r = run("run", ex.RunSpec(method=m, lr=best_lr[m, n], seed=seed, n_train=n, **common),
+                            with_val=True)
                     if r is not None:
                         runs.append(r)
     if not any(r["spec"]["method"] == "full" for r in runs):
@@ -219,13 +229,14 @@ def main() -> int:
     out_json = RESULTS / f"{name}.json"
     report = {"config": {**cfg, **common, "quick": args.quick, "target_frac": args.target_frac,
                          "threads": args.threads, "seeds": seeds, "sizes": sizes, "lrs": lrs,
+                         "sweep_sizes": sweep_sizes,
                          "model": "smollm2-135m-instruct", "units": runs[0]["units"],
                          "data": {"pool": f"gsm8k/train.jsonl rows 0-{cfg['pool'] - 1}",
                                   "sweep": f"gsm8k/train.jsonl rows {SWEEP_ROWS_FROM}-"
                                            f"{SWEEP_ROWS_FROM + cfg['n_sweep'] - 1}",
                                   "val": f"gsm8k/test.jsonl first {cfg['n_val']}",
                                   "forget": f"math500/test.jsonl first {cfg['n_forget']}"}},
-              "figures": figures, "sweep": {m: {f"{lr:g}": v for lr, v in s.items()} for m, s in sweep.items()},
+              "figures": figures, "sweep": sweep_json,
               "summary": {str(n): s for n, s in summary.items()},
               "runs": [{k: v for k, v in r.items() if k != "train_losses"} for r in runs]}
     out_json.write_text(json.dumps(report, indent=2) + "\n")

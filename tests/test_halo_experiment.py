@@ -122,3 +122,18 @@ def test_train_run_on_a_tiny_tied_model(tmp_path, gsm8k_slice):
                       out_dir=tmp_path, log=lambda m: None)
     assert r2["curve"][0] == (0, 0.0, 123.0)
     assert [(c[0], c[2]) for c in r2["curve"][1:]] == [(c[0], c[2]) for c in r["curve"][1:]]  # seeded: same run
+
+
+def test_rates_per_size_uses_each_sizes_own_sweep_and_never_borrows_one():
+    sweep = {"full": {8: {1e-4: 1.0, 3e-4: 0.9}, 32: {1e-4: 0.7, 3e-4: 0.8}},
+             "halo": {8: {1e-4: 1.1, 3e-4: 1.2}, 32: {1e-4: None, 3e-4: None}}}
+    assert ex.rates_per_size(sweep, [8, 32]) == {("full", 8): 3e-4, ("full", 32): 1e-4, ("halo", 8): 1e-4}
+    # the one-sweep protocol: the smallest size's rate everywhere
+    assert ex.rates_per_size(sweep, [8, 32], per_size=False) == {
+        ("full", 8): 3e-4, ("full", 32): 3e-4, ("halo", 8): 1e-4, ("halo", 32): 1e-4}
+
+
+def test_flat_figures_give_each_size_its_own_rate():
+    runs = [_run("full", 0, 8, [1.0], lr=3e-4), _run("full", 0, 64, [0.8], lr=1e-4)]
+    figs = ex.flat_figures(ex.summarize_runs(runs), primary_n=64)
+    assert figs["lr_full"] == 1e-4 and figs["lr_full_n8"] == 3e-4

@@ -2,12 +2,12 @@
 
 ``bench/halo.py`` is a thin driver over this module. A comparison is:
 
-  1. For each schedule (full, stepwise, LISA, HALO), a learning-rate sweep: one
-     run per candidate rate at seed 0 on the smallest training size, scored by
+  1. For each schedule (full, stepwise, LISA, HALO) and training size, a learning-rate
+     sweep: one run per candidate rate at seed 0 on that size, scored by
      the completion loss on a *sweep split* (rows held out of the training pool
      and disjoint from the reported validation set, so picking the rate does not
      peek at the numbers we report). ``pick_best_lr`` takes the lowest loss.
-  2. Every schedule at its own best rate, for each training size and seed: a
+  2. Every schedule at its own best rate for the size, for each training size and seed: a
      seeded subset of the training pool (``train_subset``: the first n rows of a
      seed's permutation, so the small set is inside the large one), a seeded data
      order, validation loss every ``eval_every`` steps, and forgetting = loss on
@@ -88,6 +88,26 @@ def pick_best_lr(losses: dict[float, float]) -> float:
     return min(sorted(finite), key=lambda lr: finite[lr])
 
 
+def rates_per_size(sweep: dict[str, dict[int, dict[float, float | None]]], sizes: Sequence[int],
+                   per_size: bool = True) -> dict[tuple[str, int], float]:
+    """``(schedule, size) -> rate`` from ``sweep[schedule][size][rate] = sweep loss``.
+
+    ``per_size``: each size takes the rate picked on its own sweep, and a size without a finished sweep run is
+    left out (no rate picked at another size stands in for it). Otherwise (the one-sweep protocol) every size
+    takes the rate picked at the smallest swept size."""
+    out: dict[tuple[str, int], float] = {}
+    for m, by_size in sweep.items():
+        done = {n: sc for n, sc in by_size.items() if any(v is not None for v in sc.values())}
+        if not done:
+            continue
+        for n in sizes:
+            if per_size and n in done:
+                out[m, n] = pick_best_lr(done[n])
+            elif not per_size:
+                out[m, n] = pick_best_lr(done[min(done)])
+    return out
+
+
 def lr_sweep(score: Callable[[float], float], lrs: Iterable[float]) -> tuple[float, dict[float, float]]:
     """Score each rate (lower is better; NaN/inf for diverged runs) and return (best rate, all scores)."""
     lrs = list(lrs)
@@ -165,7 +185,7 @@ def flat_figures(summary: dict, primary_n: int) -> dict:
         figs[f"target_val_loss{suffix}"] = s["target_val_loss"]
         figs[f"initial_val_loss{suffix}"] = s["initial_val_loss"]
         for m, r in s["methods"].items():
-            figs[f"lr_{m}"] = r["lr"]
+            figs[f"lr_{m}{suffix}"] = r["lr"]  # each size's own swept rate
             for key, name in (("steps_to_target", "steps_to_target"), ("train_s_to_target", "wall_to_target_s"),
                               ("final_val_loss", "final_val_loss"), ("forgetting", "forgetting"),
                               ("optimizer_mb_mean", "optimizer_mb_mean"), ("optimizer_mb_peak", "optimizer_mb_peak"),
