@@ -26,12 +26,15 @@ def test_rows_cycle_training_families_and_keep_heldout_out():
 def test_use_share_is_honoured_in_every_step_and_the_same_on_every_rank():
     from llmkit.train.smith.trainer import SmithTrainer, use_count
 
-    assert [use_count(n, 0.5) for n in (1, 2, 3, 4, 8)] == [0, 1, 2, 2, 4]
+    assert [use_count(n, 0.5) for n in (2, 3, 4, 8)] == [1, 2, 2, 4]
+    assert [use_count(1, 0.5, b) for b in range(4)] == [1, 0, 1, 0]  # one prompt a step: the kinds alternate
+    assert sum(use_count(1, 0.25, b) for b in range(8)) == 2 and sum(use_count(5, 0.3, b) for b in range(4)) == 6
     assert use_count(8, 0.05) == 1 and use_count(8, 0.95) == 7  # both kinds in every step
     assert use_count(8, 0.0) == 0 and use_count(8, 1.0) == 8
     picks = []
     for step in range(6):
-        fake = SimpleNamespace(use_share=0.25, args=SimpleNamespace(seed=0),
+        fake = SimpleNamespace(use_share=0.25, args=SimpleNamespace(seed=0, steps_per_generation=1,
+                                                                    gradient_accumulation_steps=1),
                                state=SimpleNamespace(global_step=step))
         seeds = [10, 11, 12, 13, 14, 15, 16, 17] * 2  # 8 prompts, each generated twice
         use = SmithTrainer.use_seeds(fake, seeds)
@@ -123,8 +126,11 @@ def test_tiny_recipe_two_steps_through_cli(tmp_path, repo_root, monkeypatch):
         for axis in ("schema_reward", "code_reward", "outcome_reward"):
             assert f"rewards/{axis}/mean" in m
         assert "smith/pool_size" in m
+        assert m["smith/use_fraction"] == 0.5  # both kinds in every step, from the seeded pool
     res = json.loads((out / "eval.json").read_text())
     assert res["steps"] == 2 and (out / "pool").is_dir() and (out / "resolved_config.yaml").is_file()
+    assert res["use_fraction"] == [0.5, 0.5] and res["seeded_pool"]["from"] == "reference"
+    assert sum(res["seeded_pool"]["families"].values()) == len(tasks.TRAIN_FAMILIES)
     assert (out / "checkpoint-2").is_dir() and (out / "reward_curves.png").is_file()
 
 

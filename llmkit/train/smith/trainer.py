@@ -49,10 +49,18 @@ def _instance_json(fam, seed: int) -> str:
     return json.dumps({"question": inst.question, "args": inst.args, "answer": inst.answer})
 
 
-def use_count(n_prompts: int, share: float) -> int:
-    """How many of ``n_prompts`` are use tasks: ``round(share * n)``, but at least one of each kind when
-    ``0 < share < 1`` and ``n >= 2`` (so no step trains only one skill)."""
-    k = round(share * n_prompts)
+def use_count(n_prompts: int, share: float, batch: int = 0) -> int:
+    """How many of the ``n_prompts`` of generation batch number ``batch`` are use tasks: the running count
+    ``floor(share * prompts so far + 0.5)`` after this batch minus that after the previous one, so the run's share
+    is ``share`` even when a batch holds a single prompt (use and build then alternate); at least one of each
+    kind when ``0 < share < 1`` and ``n_prompts >= 2``, so no step trains only one skill. Stateless, hence the
+    same on every rank and after a resume."""
+    import math
+
+    def upto(m: int) -> int:
+        return math.floor(share * m + 0.5)
+
+    k = upto((batch + 1) * n_prompts) - upto(batch * n_prompts)
     if 0.0 < share < 1.0 and n_prompts >= 2:
         k = min(max(k, 1), n_prompts - 1)
     return k
@@ -76,8 +84,12 @@ class SmithTrainer(LlmkitOptimTrainerMixin, RewardJacobianDescentMixin, GRPOTrai
         import random
 
         uniq = sorted(set(seeds))
-        rng = random.Random(f"{self.args.seed}/{self.state.global_step}")
-        return set(rng.sample(uniq, use_count(len(uniq), self.use_share)))
+        step = self.state.global_step
+        # one generation batch feeds steps_per_generation micro-batches, i.e. spg / grad-accum optimizer steps
+        per_gen = max(1, int(getattr(self.args, "steps_per_generation", None) or 1)
+                      // max(1, int(getattr(self.args, "gradient_accumulation_steps", 1) or 1)))
+        rng = random.Random(f"{self.args.seed}/{step}")
+        return set(rng.sample(uniq, use_count(len(uniq), self.use_share, step // per_gen)))
 
     def resolve_row(self, row: dict, use: bool) -> dict:
         """Write the row's prompt: a use task on the pool's current tool for its family (or for a pooled training
