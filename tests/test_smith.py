@@ -66,7 +66,8 @@ def test_passing_build_joins_pool_and_use_rows_follow_it(tmp_path):
 
     pool = ToolPool(tmp_path / "pool")
     funcs, _ = reward_functions(_cfg(tmp_path, build_checks=3), pool)
-    fake = SimpleNamespace(pool=pool, build_examples=2, families=["gcd", "digit_sum"])
+    fake = SimpleNamespace(pool=pool, build_examples=2, families=["gcd", "digit_sum"],
+                           state=SimpleNamespace(global_step=3))
     row = make_rows(["gcd"], 4, examples=2)[0]
     resolved = SmithTrainer.resolve_row(fake, dict(row), use=True)
     assert resolved["kind"] == "build" and resolved["tool"] == ""  # empty pool: the use row builds instead
@@ -79,6 +80,9 @@ def test_passing_build_joins_pool_and_use_rows_follow_it(tmp_path):
     assert len(pool) == 1
     entry = pool.best("gcd")
     assert entry.step == 3 and entry.source == "policy" and entry.score == 1.0
+    # built during step 3: not shown before step 4 (another rank may still be resolving step 3's prompts)
+    assert SmithTrainer.resolve_row(fake, dict(row), use=True)["kind"] == "build"
+    fake.state.global_step = 4
     resolved = SmithTrainer.resolve_row(fake, dict(row), use=True)
     assert resolved["kind"] == "use" and json.loads(resolved["tool"])["name"] == "gcd_of"
     text = resolved["prompt"][-1]["content"]

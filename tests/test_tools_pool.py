@@ -54,6 +54,7 @@ def test_an_add_from_another_process_invalidates_the_cache(tmp_path, where):
     assert len(pool) == 1 and len(other) == 1  # both caches filled
     other.add(_spec("a + 0"), "gcd", 1.0, step=4)
     assert len(pool) == 2 and pool.best("gcd").step == 4  # seen without reopening the pool
+    assert pool.best("gcd", before_step=4).step == 1 and pool.families(before_step=1) == []  # a step's snapshot
     pool.add(_spec("a * 1"), "lcm", 1.0, step=5)  # the writer's own add too
     assert pool.families() == ["gcd", "lcm"] and other.families() == ["gcd", "lcm"]
     assert ToolPool(tmp_path / where).growth() == [(1, 1), (4, 2), (5, 3)]

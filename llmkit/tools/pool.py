@@ -127,12 +127,14 @@ class ToolPool:
                     continue  # a partial or foreign file; never fatal
         return sorted(out, key=lambda e: (e.family, -e.score, e.step, e.created))
 
-    def best(self, family: str) -> PoolEntry | None:
-        es = self.entries(family)
+    def best(self, family: str, before_step: int | None = None) -> PoolEntry | None:
+        """The best entry for ``family``; with ``before_step``, among those added before that training step only
+        (the pool as every rank saw it when the step began, whatever other ranks add meanwhile)."""
+        es = [e for e in self.entries(family) if before_step is None or e.step < before_step]
         return es[0] if es else None
 
-    def families(self) -> list[str]:
-        return sorted({e.family for e in self.entries()})
+    def families(self, before_step: int | None = None) -> list[str]:
+        return sorted({e.family for e in self.entries() if before_step is None or e.step < before_step})
 
     def __len__(self) -> int:
         return len(self.entries())

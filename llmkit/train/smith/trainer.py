@@ -95,12 +95,15 @@ class SmithTrainer(LlmkitOptimTrainerMixin, RewardJacobianDescentMixin, GRPOTrai
         """Write the row's prompt: a use task on the pool's current tool for its family (or for a pooled training
         family when its own has none), else a build task."""
         fam = tasks.get(row["family"])
-        best = self.pool.best(fam.name) if use else None
+        # only tools added before this step: a faster rank's builds of this very step must not change the prompts
+        # of a slower one (a group's generations can sit on several ranks)
+        step = self.state.global_step
+        best = self.pool.best(fam.name, before_step=step) if use else None
         if use and best is None:
-            pooled = [f for f in self.pool.families() if f in self.families]
+            pooled = [f for f in self.pool.families(before_step=step) if f in self.families]
             if pooled:  # the same row seed picks the stand-in family and its question, on every rank
                 fam = tasks.get(pooled[int(row["seed"]) % len(pooled)])
-                best = self.pool.best(fam.name)
+                best = self.pool.best(fam.name, before_step=step)
                 row["family"], row["instance"] = fam.name, _instance_json(fam, int(row["seed"]))
         if best is None:
             row["kind"], row["tool"] = "build", ""
@@ -124,7 +127,11 @@ class SmithTrainer(LlmkitOptimTrainerMixin, RewardJacobianDescentMixin, GRPOTrai
     def _generate_and_score_completions(self, inputs):
         inputs = self.resolve_batch(inputs)
         mode = "train" if self.model.training else "eval"
+        kinds = [x["kind"] for x in inputs]
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            kinds = gather_object(kinds)  # the step's share over all ranks, not the main rank's slice
         self._metrics[mode]["smith/pool_size"].append(float(len(self.pool)))
-        self._metrics[mode]["smith/use_fraction"].append(
-            sum(x["kind"] == "use" for x in inputs) / max(len(inputs), 1))
+        self._metrics[mode]["smith/use_fraction"].append(sum(k == "use" for k in kinds) / max(len(kinds), 1))
         return self.attach_per_reward_advantages(super()._generate_and_score_completions(inputs), mode)
