@@ -321,19 +321,103 @@ def test_bench_splits_keep_train_validation_and_test_disjoint(tmp_path):
         bench_splits(8, 20, 4, 6, data_dir=tmp_path)
 
 
-def test_scale_update_never_flips_a_sign_qzo_projection():
+def test_a_scale_driven_down_by_a_huge_step_stays_alive_and_moves_back():
+    """LQZO's log-space step: the old relative update max(1 - lr g, 0) zeroed a scale for good (a zero scale has a
+    zero relative perturbation, so nothing could move it again)."""
     from llmkit.optim.zo import SeedZO
 
     s = torch.full((8, 6), 0.5)
     zo = SeedZO([s], modes=["mul"], rank=0, distribution="gaussian", seed=3)
     z = zo.z(0, 0, 0)
-    zo.update(0, [10.0], lr=1.0)  # factor 1 - 10 z: negative wherever z > 0.1
-    expected = 0.5 * (1 - 10 * z).clamp_min(0)
-    assert torch.equal(s, expected)
-    assert (s >= 0).all() and (s == 0).any() and (s > 0.5).any()
+    zo.update(0, [10.0], lr=1.0)  # a step of -10 z on log s: tiny where z > 0, never 0 or negative
+    assert torch.allclose(s, 0.5 * torch.exp(-10 * z))
+    assert (s > 0).all() and (s < 0.5 * 1e-3).any() and (s > 0.5).any()
+    zo.update(0, [-10.0], lr=1.0)  # the opposite step brings every scale back
+    assert torch.allclose(s, torch.full((8, 6), 0.5), rtol=1e-4)
     small = torch.full((8, 6), 0.5)
-    SeedZO([small], modes=["mul"], seed=3).update(0, [1e-3], lr=1e-2)  # ordinary steps are untouched
+    SeedZO([small], modes=["mul"], seed=3).update(0, [1e-3], lr=1e-2)  # ordinary steps: the first-order step
     assert torch.allclose(small, 0.5 * (1 - 1e-5 * z))
+
+
+def test_qzo_baseline_is_additive_clipped_and_projected_onto_nonnegative_scales(tiny_model):
+    from llmkit.optim.zo import SeedZO
+
+    qz = LQZOArguments(zo_method="qzo").resolved()
+    assert qz["scale_mode"] == "add" and qz["clip"] is not None and qz["clip"] > 0
+    lq = LQZOArguments().resolved()
+    assert lq["scale_mode"] == "log" and lq["clip"] is None
+    assert LQZOArguments(zo_method="qzo", zo_clip=0).resolved()["clip"] is None
+    with pytest.raises(ValueError, match="zo_scale_mode"):
+        LQZOArguments(zo_scale_mode="exp")
+    quantize_model(tiny_model, 4, 32)
+    _, _, modes, _ = zo_trainable(tiny_model, qz)
+    assert set(modes) == {"add_nonneg"}
+    _, _, modes, _ = zo_trainable(tiny_model, lq)
+    assert set(modes) == {"mul"}
+    # additive perturbation s +- mu z (absolute), and s = max(s - lr g, 0)
+    s = torch.full((8, 6), 0.01)
+    zo = SeedZO([s], modes=["add_nonneg"], mu=1e-3, seed=4)
+    z = zo.z(0, 0, 0)
+    zo.perturb(0, 0, 1.0)
+    assert torch.allclose(s, 0.01 + 1e-3 * z)
+    zo.restore()
+    zo.update(0, [2.0], lr=0.01)
+    assert torch.allclose(s, (0.01 - 0.02 * z).clamp_min(0), atol=1e-7)
+    assert (s == 0).any()
+
+
+STEPS, TINY_LR = 30, 0.5
+
+
+def _fixed_batch_trainer(tmp_path, model, tok, lr, steps, settings):
+    from datasets import Dataset
+
+    from llmkit.train.lqzo.config import LQZOConfig
+    from llmkit.train.lqzo.trainer import LQZOTrainer
+
+    row = {"messages": [{"role": "user", "content": "Say the colours."},
+                        {"role": "assistant", "content": "red green blue red green blue red green blue"}]}
+    ds = Dataset.from_list([row, row])
+    args = LQZOConfig(output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=2, learning_rate=lr,
+                      lr_scheduler_type="constant", use_cpu=True, report_to="none", save_strategy="no",
+                      max_length=64, logging_steps=1, seed=0, data_seed=0)
+    return LQZOTrainer(model=model, args=args, train_dataset=ds, eval_dataset=ds, processing_class=tok,
+                       zo_settings=settings)
+
+
+def test_shipped_lqzo_estimator_lowers_the_loss_on_a_fixed_batch_against_lr_zero(tmp_path, tiny_tokenizer):
+    """The trainer with the shipped estimator (the lqzo preset: rank 4, Rademacher, regrouped, v_interval 10,
+    log-space scales, eval-mode forwards) descends on a fixed batch; lr 0 is the control (same forwards, no step).
+    The lr is sized for the random tiny model, whose scale gradient is orders of magnitude smaller than the
+    bundled model's; the bundled model's lr is chosen by bench/lqzo.py's validation sweep."""
+    from llmkit.testing import tiny_llama
+
+    settings = LQZOArguments().resolved()
+    assert (settings["rank"], settings["v_interval"], settings["scale_mode"]) == (4, 10, "log")
+    after = {}
+    for lr in (0.0, TINY_LR):
+        torch.manual_seed(0)
+        model = tiny_llama()
+        quantize_model(model, 4, 32)
+        tr = _fixed_batch_trainer(tmp_path / str(lr), model, tiny_tokenizer, lr, STEPS, settings)
+        before = tr.evaluate()["eval_loss"]
+        tr.train()
+        after[lr] = tr.evaluate()["eval_loss"]
+        if lr == 0.0:
+            assert after[lr] == pytest.approx(before, abs=1e-6), "lr 0 changed the loss"
+    # deterministic (fixed seeds); a flipped estimator or a step in the wrong coordinates raises the loss instead
+    assert after[TINY_LR] < after[0.0] - 0.004, after
+
+
+def test_zo_forwards_run_in_eval_mode(tmp_path, tiny_tokenizer):
+    from llmkit.testing import tiny_llama
+
+    model = tiny_llama()
+    quantize_model(model, 4, 32)
+    modes = []
+    model.register_forward_hook(lambda m, i, o: modes.append(m.training))
+    _fixed_batch_trainer(tmp_path, model, tiny_tokenizer, 1e-3, 1, LQZOArguments().resolved()).train()
+    assert modes and not any(modes), "a ZO forward ran in train mode (dropout masks would differ within a pair)"
 
 
 def test_extending_a_sweep_tests_only_a_new_winner_and_merges():
