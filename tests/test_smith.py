@@ -98,7 +98,7 @@ def test_passing_build_joins_pool_and_use_rows_follow_it(tmp_path):
 
 
 @needs_sandbox
-def test_seed_pool_adds_verified_training_tools_only_when_empty(tmp_path):
+def test_seed_pool_adds_verified_training_tools_only_when_empty(tmp_path, tiny_model, tiny_tokenizer):
     from llmkit.train.smith.recipe import seed_pool
 
     pool = ToolPool(tmp_path / "pool")
@@ -108,6 +108,11 @@ def test_seed_pool_adds_verified_training_tools_only_when_empty(tmp_path):
     assert {e.source for e in pool.entries()} == {"warm_start"} and all(e.step == -1 for e in pool.entries())
     assert seed_pool(cfg, pool, ["lcm"]) == {}  # not empty any more: left alone
     assert seed_pool(_cfg(tmp_path, seed_pool="none"), ToolPool(tmp_path / "p2"), ["gcd"]) == {}
+    # policy: the starting policy writes them; a random model verifies nothing, and held-out families are skipped
+    p3 = ToolPool(tmp_path / "p3")
+    got = seed_pool(_cfg(tmp_path, seed_pool="policy", eval_build_max_new_tokens=8), p3,
+                    ["gcd", tasks.HELDOUT_FAMILIES[0]], tiny_model, tiny_tokenizer)
+    assert got == {"gcd": False} and len(p3) == 0
     with pytest.raises(ValueError, match="seed_pool"):
         _cfg(tmp_path, seed_pool="everything")
     with pytest.raises(ValueError, match="use_share"):
