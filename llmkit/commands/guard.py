@@ -44,11 +44,11 @@ def register(sub):
     f.add_argument("--target-fpr", type=unit_float, default=0.05,
                    help="false-positive rate on held-out compliant data that sets the threshold (0.05)")
     f.add_argument("--holdout", type=unit_float, default=0.3, help="fraction held out for calibration (0.3)")
-    f.add_argument("--score", choices=["energy", "entropic", "probe", "combined"], default="energy",
-                   help="energy (Mahalanobis energy, the default) or entropic (asymmetric entropic divergence): "
-                   "fitted on the compliant lines only; probe (linear probe on the guard layers' pooled states) or "
-                   "combined (energy + probe, combined on held-out lines): need lines with \"violation\": true "
-                   "and false")
+    f.add_argument("--score", choices=["energy", "entropic", "probe", "combined"], default="entropic",
+                   help="entropic (asymmetric entropic divergence; the default: the best worst-case AUROC on sources "
+                   "it was not fitted on in bench/guard.py) or energy (Mahalanobis energy): fitted on the compliant "
+                   "lines only; probe (linear probe on the guard layers' pooled states) or combined (energy + probe, "
+                   "combined on held-out lines): need lines with \"violation\": true and false")
     f.add_argument("--window", type=positive_int, default=64,
                    help="response tokens per scoring window; a response's score is its highest window's (64)")
     f.add_argument("--max-length", type=positive_int, default=1024,
