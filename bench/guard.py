@@ -74,6 +74,16 @@ cache, then capture their chunks into `--captures-dir`, then one process does th
     for k in 0 1; do .venv/bin/python bench/guard.py --shard $k/2 --responses-cache R.json & done; wait
     for k in 0 1; do .venv/bin/python bench/guard.py --shard $k/2 --responses-cache R.json --captures-dir C & done; wait
     .venv/bin/python bench/guard.py --responses-cache R.json --captures-dir C
+
+The committed guard_quick.json replays the full run's answers (guard_parts/responses_full.json.gz,
+gunzipped to R.json; answers the file lacks, such as the tool-use ones, are generated and added):
+
+    .venv/bin/python bench/guard.py --quick --engine vllm --max-new-tokens 64 --responses-cache R.json
+
+Labels. IHEval tasks graded by a continuous metric (get-webpage's ROUGE) or by many IFEval checks
+rarely reach a strict score of 1, so with the bundled model a small slice of rule-following or
+tool-use answers may hold no compliant answer: a cross-source pair without both kinds is reported
+as undefined and left out of the worst case.
 """
 
 from __future__ import annotations
