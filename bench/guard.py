@@ -76,7 +76,9 @@ cache, then capture their chunks into `--captures-dir`, then one process does th
     .venv/bin/python bench/guard.py --responses-cache R.json --captures-dir C
 
 The committed guard_quick.json replays the full run's answers (guard_parts/responses_full.json.gz,
-gunzipped to R.json; answers the file lacks, such as the tool-use ones, are generated and added):
+gunzipped to R.json; answers the file lacks, such as the tool-use ones, are generated and added;
+the committed run's 90 tool-use answers came from the transformers engine, greedy, 64 tokens, since
+vLLM on the loaded shared CPU did not finish them):
 
     .venv/bin/python bench/guard.py --quick --engine vllm --max-new-tokens 64 --responses-cache R.json
 
