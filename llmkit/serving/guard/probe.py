@@ -1,8 +1,8 @@
 """Supervised guard scores: a linear probe on the guard layers' pooled states, and its combination
 with the chaos score.
 
-The probe follows TaskTracker ("Are you still on track!? Catching LLM Task Drift with
-Activations"): a linear classifier on a model's activations, trained on labelled examples of
+The probe follows TaskTracker ("Get my drift? Catching LLM Task Drift with Activation Deltas",
+Abdelnabi et al.): a linear classifier on a model's activations, trained on labelled examples of
 instructions followed and instructions hijacked, that detects when an input made the model
 drift from its task. Here the activations are the AEO guard's own: the mean of a response
 window's states at each guard layer, concatenated (:func:`pooled_windows`).
