@@ -18,46 +18,22 @@ and evicts the lowest, where
 The abstract gives the three factors but not how they are combined; the weighted
 sum, the radius scaling, the half-life form and the frequency term are ours (defaults
 1, 1, 1, radius 0.2, half_life = 2 x (entries - 1), w_freq 0). Scaling diversity by the
-hit radius matters: raw 1 - max cos differs little between distinct GSM8K problems
-(0.3-0.7) and the recency term would then decide almost alone (LRU with noise).
+hit radius matters: raw 1 - max cos differs little between distinct GSM8K problems, and
+the recency term would then decide almost alone (LRU with noise).
 The newest entry is never the victim: it has just been paid for.
 
-Why it first lost to LRU, and the fix (session 3; the fix is in the scheduler's input,
-not here). The scheduler's expected accuracy of a cloud call, E[acc | cloud], used to be
-the mean accuracy of the entries *in the cache*. Eviction selects those entries, so the
-estimate depended on the policy: a policy that evicts inaccurate entries (the accuracy
-factor) or keeps one representative per problem (the diversity factor keeps the better of
-two near-duplicates) leaves a more accurate survivor set, raises E[acc | cloud] (mean over the
-queries of the tuning traces: 0.929-0.939 under LRU, 0.945-0.954 under multi-factor), and with it the bar acc x sim >= E[acc |
-cloud] - gain_threshold that every hit must pass. Trace analysis (no model, 6 tuning
-traces per workload): multi-factor did turn "similarity below threshold" misses into
-hits (it kept more distinct problems: -0.010 to -0.022 of queries at capacities 4 and 8),
-but lost more to "gain too high" misses (+0.024 to +0.040). E[acc | cloud] is now the mean over every
-cloud call the user made, evicted entries included (:meth:`CacheStore.cloud_accuracy`),
-so it no longer depends on the policy. This changes LRU too: on the tuning traces LRU
-gained on zipf (0.621 -> 0.638 at capacity 3, 0.695 -> 0.708 at 8) and on uniform at 8
-(0.649 -> 0.654) but lost 0.002-0.003 on uniform at 3-4; held-out figures below.
+Deviation that makes the policy comparable with LRU (in the scheduler's input, not here):
+the scheduler's expected accuracy of a cloud call, E[acc | cloud], is the mean over every
+cloud call the user made, evicted entries included (:meth:`CacheStore.cloud_accuracy`).
+The mean over the entries still cached depends on what the policy evicted: a policy that
+keeps accurate, diverse entries raised it, and with it the bar acc x sim >= E[acc | cloud]
+- gain_threshold that every hit must pass, and so lost hits for keeping better entries.
 
-Weights: chosen on tuning traces that the benchmark never uses (other GSM8K problems:
-problem seed 1; workload seeds 100-105), grid w_div {0.5, 1, 2} x w_acc {0, 1} x
-half_life {1, 2, 4} x (entries - 1) x w_freq {0, 0.5, 1}, mean paired hit-ratio gain over
-LRU across capacities 2-12 and both workloads: the surface is flat (+0.010 to +0.011 for
-the top 15 of 54), the defaults above are among the best (+0.0104, worst cell -0.002),
-and the frequency term adds nothing measurable, so the defaults were kept and frequency
-stays off.
-
-Held-out (bench/ldp_cache.py full size: problem seed 0, workload seeds 0-4 x 8 scheduler
-seeds, paired with LRU under the same scheduler; bench/results/ldp_cache.json): multi-factor
-minus LRU hit ratio, uniform / zipf, capacity 2: +0.002 / -0.006, 3: +0.004 / +0.003,
-4: +0.007 / +0.002, 6: +0.018 / +0.018, 8: +0.014 / +0.019, 12: +0.021 / +0.018 (se
-0.001-0.004). So it wins clearly from capacity 6 up and is level with LRU at 2-4, where
-the current problem's near-duplicate variants are needed for the rest of the visit and
-the diversity factor trades them for other problems. At quick size (6 problems) caps 2-3
-it is level or lower (-0.005 to -0.016, se 0.006-0.008). The survivor-mean estimator of
-session 2 gave LRU 0.003-0.009 more hits at capacities 2-4 and 0.002-0.008 fewer at 6-12
-(at small capacity its errors happen to lower the bar), but it predicts the next cloud
-call's fidelity worse than the mean over all calls (tuning traces, mean squared error
-0.0045-0.0049 vs 0.0040-0.0043 under either policy), so it was not kept for LRU's sake.
+The default weights were chosen on tuning traces that the benchmark never uses (other
+GSM8K problems and workload seeds) over a grid of w_div, w_acc, half_life and w_freq; the
+surface was flat, so the defaults above were kept and frequency stays off. What was
+measured against LRU, per capacity and workload, is in bench/results/ldp_cache.md and
+bench/results/ldp_cache_eviction_ablation.md (``bench/ldp_cache.py``).
 """
 
 from __future__ import annotations
