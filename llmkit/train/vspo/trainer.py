@@ -1,88 +1,42 @@
 """VSPO: GRPO whose rollouts are sampled under a steering vector at varying intensities.
 
-Paper: "Vector-Steered Policy Optimization" (VSPO), NeurIPS 2026.
+Paper: "Vector-Steered Policy Optimization" (VSPO), NeurIPS 2026. Per training step:
+  1. GRPO draws a group of G rollouts per prompt; VSPO gives the g-th rollout of a group an intensity
+     ``alpha_g`` (a spread from 0 to ``alpha_max``, so each group holds unsteered and strongly steered rollouts)
+     and samples it with ``alpha_g * v`` added to the residual stream at the steering layers. The rare target
+     behaviour then shows up inside most groups, so the group-normalised advantage has signal where
+     reward-shaped GRPO sees all-zero behaviour rewards.
+  2. ``alpha_max`` is annealed toward ``alpha_final`` (default 0): as the policy internalises the vector, less
+     steering is needed and rollouts return to the policy's own distribution.
+  3. Rewards and advantages are GRPO's (task correctness + weighted behaviour score).
+  4. The loss is GRPO's clipped surrogate on the *unsteered* policy's log-probabilities of the steered tokens
+     (the hook is attached only around generation): the paper's "on-policy latent self-distillation".
 
-Algorithm (per training step):
-  1. For each prompt, GRPO draws a group of G rollouts. VSPO gives the g-th rollout of every group a
-     steering intensity ``alpha_g`` (a spread from 0 to ``alpha_max``, so each group holds both unsteered
-     and strongly steered rollouts) and samples it with ``alpha_g * v`` added to the residual stream at the
-     steering layers. The rare target behaviour then shows up inside most groups, so the group-normalised
-     advantage has signal where reward-shaped GRPO would see all-zero behaviour rewards.
-  2. ``alpha_max`` is annealed toward ``alpha_final`` (default 0) over training: as the policy
-     internalises the vector, less steering is needed and rollouts return to the policy's own distribution.
-  3. Rewards and advantages are computed exactly as in GRPO (task correctness + weighted behaviour score).
-  4. The loss is GRPO's clipped surrogate evaluated on the *unsteered* policy's log-probabilities of the
-     steered tokens: the hook is attached only around generation, so every training forward pass sees the
-     plain model. Treating the steered samples as on-policy is the paper's "on-policy latent
-     self-distillation": the policy is pulled toward the high-advantage steered behaviour and so absorbs the
-     vector into its weights.
+Intensities: each group draws its own spread (``linspace`` / ``uniform`` / ``aligned``) from one seeded
+generator shared by all processes and saved with each checkpoint, so a resumed run draws what an
+uninterrupted one would. ``alpha_spread: aligned`` holds ``aligned_share`` of each group inside
+``aligned_alpha_range`` (where the alignment check, ``alignment.py``, saw the steered behaviour rate clear the
+unsteered one) at every step, the other rows following the annealed spread; ``scheduled_share_in_range``
+gives the resulting share (``steered_share_above_base``).
 
-Importance correction (``importance_correction``): the steered rollouts come from q_alpha, not from pi.
-An unbiased policy gradient for pi would weight each token by pi/q_alpha, but that ratio is small exactly
-on the behaviour the steering made likely, cancelling the upsampling VSPO relies on. The default is
-therefore no correction (the paper's self-distillation view). ``token_truncate`` / ``sequence_truncate``
-multiply each steered row's per-token loss by ``min(pi/q_alpha, importance_clip)`` (truncated importance
-sampling, as TRL does for vLLM mismatch) for users who prefer a less biased, higher-variance estimate;
-it costs one extra steered forward pass per generation batch. It is applied by scaling the advantages per
-token, which for GRPO's clipped loss is the same as scaling the per-token loss (the scale is positive).
+Importance correction (``importance_correction``): none by default (pi/q_alpha is small exactly on the
+behaviour the steering made likely); ``token_truncate`` / ``sequence_truncate`` scale steered rows' per-token
+advantages by ``min(pi/q_alpha, importance_clip)`` (truncated importance sampling), at one extra forward pass.
 
-Reward aggregation (``reward_aggregation``): ``sum`` is GRPO's (weighted rewards summed, then normalised per
-group). ``upgrad`` keeps the rewards apart: reward k's group-normalised advantages (times its weight) give its
-own clipped-surrogate loss L_k, all computed from one forward pass, and Jacobian descent (UPGrad over torchjd,
-``llmkit.optim.jd``; paper: "Jacobian Descent for Multi-Objective Optimization", NeurIPS 2026) combines grad L_1..grad L_K into a
-direction that improves no reward at the expense of another to first order. Per-reward losses and UPGrad's
-weights are logged as ``jd/loss/<reward>`` and ``jd/weight/<reward>``. Single process only (the aggregated
-gradient is written outside DDP's reducer); each micro-batch is aggregated on its own.
+Reward aggregation (``reward_aggregation``): ``sum`` is GRPO's; ``upgrad`` gives each reward its own clipped
+loss and combines their gradients by Jacobian descent (``llmkit.optim.jd``; "Jacobian Descent for
+Multi-Objective Optimization", NeurIPS 2026; logged as ``jd/*``); ``locu`` with ``locu_max_words: L`` treats
+"mean completion words <= L" as a constraint handled by LOCU ("Löwdin orthogonalization for multi-constraint
+policy optimization", NeurIPS 2026; ``llmkit.optim.constrained``): reward gradient from GRPO's loss,
+constraint gradient from a leave-one-out REINFORCE estimate of grad E[words], one trust-region step per
+micro-batch (logged as ``locu/*``), with the identity as Fisher (a Euclidean trust region) and the constraint
+re-linearised every step because its gradient is estimated from a few rollouts. Both run in one process only.
 
-Constraints (``reward_aggregation: locu``, ``locu_max_words: L``): instead of a length-penalty reward, the
-constraint "mean completion words <= L" is handled by LOCU (``llmkit.optim.constrained.locu_step``; paper:
-"LOCU", Löwdin orthogonalization for multi-constraint policy optimization, NeurIPS 2026). Per micro-batch, from one forward pass: g = -grad of GRPO's loss on
-the summed weighted advantages (the reward to increase); c = mean words - L (satisfied where <= 0); b = grad of
-mean_i A_i log pi(y_i), with A_i the leave-one-out word advantage in its group (w_i minus the mean of the other
-rollouts' words), a REINFORCE estimate of grad E[words], so that moving against b shortens completions and
-c + b^T s is the linearised constraint after a step s. LOCU solves max g^T s s.t. c + b^T s <= 0, ||s|| <= radius
-(``locu_trust_radius``), or, when that is infeasible, takes the descent step on c. The step is written as
-.grad = -s / accumulation steps (the optimizer descends .grad, so optim sgd at lr 1 applies exactly +s). Logged:
-``locu/constraint_value``, ``locu/mean_words``, ``locu/predicted_value`` (c + b^T s), ``locu/step_norm``,
-``locu/active`` (the constraint shaped the step), ``locu/recover`` (infeasible linearisation),
-``locu/reward_gain`` (g^T s). Deviations: the Fisher is the identity (a d x d Fisher of the policy is never
-formed), so the trust region is Euclidean in parameter space and ``locu_step`` runs on the coordinates of g
-and b in an orthonormal basis of their span (the same step, see ``locu_step_in_span``); b uses the
-whole-sequence log-probability of the unsteered policy (like the GRPO loss here, steered rows are treated as
-on-policy); single process only, as upgrad. Caveat: b is estimated from a few rollouts, and in millions of
-dimensions such an estimate is mostly noise, so ||b|| overstates how fast the mean length moves and the
-step that just reaches the linearised boundary is short; the constraint is re-linearised every step.
-
-Intensities: every group of a batch gets its own spread (``uniform`` / ``aligned`` draw per group; all
-processes draw every group's spread from one seeded generator and keep their own rows, so they agree), and the
-generator's state is saved with each checkpoint, so a resumed run draws what an uninterrupted one would.
-``alpha_spread: aligned`` ties the schedule to the alignment check (``alignment.py``, run at the rollout
-temperature): ``aligned_share`` of each group's rollouts is sampled inside ``aligned_alpha_range``, the
-intensities at which the steered behaviour rate cleared the unsteered one, at every step; the other rows follow
-the annealed spread. ``scheduled_share_in_range`` gives the share of a run's rollouts sampled there
-(``steered_share_above_base``); a spread annealed from the top of that range leaves the range after the first
-steps, which is why the share is held rather than annealed.
-
-Deviations from the paper: the intensity schedule (linspace/uniform/aligned spread, linear/cosine annealing) is
-our reading of "varying steering intensities"; steering is applied at every position of prompt and
-completion (activation addition) at the configured layers, or with ``steering_positions: answer`` only from the
-last prompt token on (on the bundled model, steering the prompt too made the model lose the question's numbers,
-see ``llmkit.train.vspo.alignment`` and bench/vspo.py's alignment lines); rollouts use transformers generation (the hook
-lives in the torch model, so vLLM rollouts are refused).
-
-Schedule evidence (annealing toward 0 is our addition; ``bench/vspo_bandit.py``, bandit abstraction, 12 seeds):
-with aligned steering a fixed spread and a 300-iteration anneal reach the target at the same Kaplan-Meier median
-(19-20 iterations: the anneal has barely begun); an anneal that ends near that hitting time (20 iterations) is
-10-25% faster; one that ends too early (5 iterations) never reaches the target from p0 = 0.005 (0/12 runs
-within 2000 iterations) where the fixed spread always does (12/12). So the bandit does not support annealing
-for speed, and shows that ending it before the behaviour is internalised is fatal; linear annealing stays the
-default (with ``alpha_anneal_fraction`` < 1 in the shipped configs) because on a real model steered rollouts are
-off-policy samples that the bandit does not charge for, a cost the short CPU runs here could not measure.
-On the bundled model (bench/results/vspo.json: 3 seeds x 4 steps, 96 graded problems per arm) the annealed
-spread reached behaviour rate 0.083 [0.043, 0.156] and the fixed spread 0.052 [0.022, 0.116]: overlapping
-intervals, so neither schedule is supported over the other there; both stayed below reward-shaped GRPO (0.188).
-Steered rollouts sampled at temperature 1 rarely showed the behaviour (mean steered reward 0-0.17 per step) even
-though greedy steered generation did (6/32 at alpha 1 in the alignment check).
+Deviations from the paper: the intensity schedules are our reading of "varying steering intensities", and
+annealing toward 0 is our addition, kept because steered rollouts are off-policy samples; steering is added at
+every position, or with ``steering_positions: answer`` only from the last prompt token on (steering the prompt
+can make a small model lose the question's numbers); rollouts use transformers generation (vLLM rollouts are
+refused: the hook lives in the torch model). Schedule comparisons: bench/results/vspo_bandit.md, vspo.md.
 """
 
 from __future__ import annotations
