@@ -6,50 +6,35 @@ layer and kv-head, which channels are outliers (8-bit) and whose 4-bit slot each
 
 Algorithm (per layer, separately for keys and values, once, on the first chunk that is quantized):
 
-1. Saliency by sampling: draw ``n_samples`` token positions at random (seeded) and take each
-   channel's range (max - min) over them. The range is what sets a channel's 4-bit step (its
-   quantization error) and bounds the error of approximating it by its mean (the donor's cost),
-   so one number ranks both ends.
+1. Saliency by sampling: each channel's range (max - min) over ``n_samples`` seeded random token
+   positions. The range sets a channel's 4-bit step and bounds the error of replacing it by its mean
+   (the donor's cost), so one number ranks both ends.
 2. Outliers: the ``k`` channels of highest saliency per kv-head.
 3. Neighbour-slot reuse: each outlier, most salient first, takes as donor the lowest-saliency free
-   channel within ``max_stride`` positions of it (nearest wins ties). The donor's slot stores the
-   outlier's high nibble; the donor itself is approximated by its per-group mean (stored in its
-   zero-point, scale 0).
-4. Adjacent outliers: when the immediate neighbours are outliers or already lend their slot, the
-   search widens stride by stride (±1, ±2, ... ±max_stride); only if the whole window is taken
-   does it fall back to the lowest-saliency free channel of the head.
-5. Only worthwhile pairs are kept (``worthwhile_pairs``): an outlier whose range is less than
-   ``min_ratio`` (15) times its donor's gains less from 8 bits than the donor loses by being
-   replaced with its mean. On SmolLM2-135M the channel ranges of a head differ by only ~4-15x, so
-   this gate turns most pairs off there and InQuant falls back to uniform per-channel 4-bit.
-6. Descriptor: per head, the outlier ids (uint8) and signed donor offsets (int8), ``2k`` bytes.
-   At dequantization the per-slot markers (role of each slot, partner of each marked slot) are
-   recovered from it (``llmkit.kernels.kv_quant.role_maps``).
+   channel within ``max_stride`` positions (nearest wins ties; the search widens stride by stride, and
+   only if the whole window is taken falls back to the head's lowest-saliency free channel). The donor's
+   slot stores the outlier's high nibble; the donor is read back as its per-group mean.
+4. Gate: ``gate="ratio"`` (``worthwhile_pairs``) keeps a pair only when the outlier's range is at least
+   ``min_ratio`` (15) times its donor's (below that 8 bits gain less than the donor loses); when no pair
+   can pass, the donor search is skipped (same descriptor). ``gate="score"`` (``gated_descriptor``) keeps,
+   per head, the ``c`` most salient pairs with ``c`` minimising the error ``e^T W e`` of a quantize /
+   dequantize round trip on calibration data, ``W = E[q q^T]`` for keys (the error of the logits q.k) and
+   the output projection's ``W_o^T W_o`` for values. ``gate="off"`` keeps every candidate pair.
+5. Descriptor: per head, the outlier ids (uint8) and signed donor offsets (int8), ``2k`` bytes;
+   ``Descriptor.counts`` lets each kv-head keep its own number of pairs (padding columns are inert).
+   Dequantization recovers the per-slot roles from it (``llmkit.kernels.kv_quant.role_maps``).
 
-Cost: the saliency pass and descriptor run once per cache layer (keys and values sampled in one
-pass); when the gate can keep no pair (some head's channel ranges are all within ``min_ratio``)
-the donor search is skipped, which gives exactly the descriptor the full search would.
-
-Second pass (issue 23), because on SmolLM2 the gate above kept 0 of 240 pairs:
-
-- Calibrated saliency (``calibration.py``): one pass over a few texts gives per-layer saliency,
-  channel means, the score gate's weights and sample keys/values, saved beside the model; the
-  in-prompt sampling above stays the fallback without a calibration.
-- Per-head descriptors: ``Descriptor.counts`` lets every kv-head keep its own number of pairs
-  (padding columns are inert), so one head's flat channels no longer veto the whole layer side.
-- The attention-score gate (``gated_descriptor(gate="score")``): per head, keep the ``c`` most
-  salient pairs, ``c`` chosen to minimise the measured error ``e^T W e`` of a quantize/dequantize
-  round trip on calibration data, with ``W = E[q q^T]`` for keys (the error of the logits q.k) and
-  the output projection's ``W_o^T W_o`` for values. ``gate="off"`` keeps every candidate pair;
-  ``gate="ratio"`` is the rule above.
-- Per-token groups (``layout="per-token"``, ``kv_quant.quantize_tokens_ref``): the layout where an
-  outlier channel costs the most (it sets the step of every channel of its token); saliency there is
-  a channel's deviation from its token's median channel (``token_saliency``), donors read back as
-  their calibrated mean, and tokens are stored on arrival (no full-precision window).
+Calibration (``calibration.py``): one pass over a few texts gives per-layer saliency, channel means, the
+score gate's weights and sample keys/values, saved beside the model; the in-prompt sampling above is the
+fallback without one. Per-token groups (``layout="per-token"``, ``kv_quant.quantize_tokens_ref``) are the
+layout where an outlier costs the most (it sets the step of every channel of its token); saliency there is
+a channel's deviation from its token's median channel (``token_saliency``), donors read back as their
+calibrated mean, and tokens are stored on arrival (no full-precision window). Measured settings and
+baselines: bench/results/kv_cache.md.
 
 Deviations from the paper (we only have its abstract): the saliency statistics (sampled range;
 per-token deviation), the donor approximation (group mean; calibrated mean), the donor search
-rule, the gate and the descriptor encoding are our choices.
+rule, the gates and the descriptor encoding are our choices.
 """
 
 from __future__ import annotations
