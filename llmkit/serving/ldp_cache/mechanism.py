@@ -19,32 +19,24 @@ Privacy argument
     factor is <= exp(eps_tok/2 * d(x,x')), and each term of Z(x') is at most
     exp(eps_tok/2 * d(x,x')) times the matching term of Z(x), so the second factor
     is too. Hence the loss is <= eps_tok * d(x,x') <= eps_tok: eps_tok-LDP per token
-    (and eps_tok*d metric-DP). Tokens are perturbed independently, so by sequential
-    composition a query of n tokens is released under epsilon = n * eps_tok. That is
-    the amount the accountant charges (``query_epsilon``).
-    Neighbouring inputs are two queries with the same number of word pieces: like
-    every token-level text mechanism (SanText, CusText) this releases the length.
-    With ``length_bucket=L`` the word pieces are padded (with a public filler token,
-    perturbed like the rest) up to the next multiple of L, so only the bucket is
-    released; neighbours are then any two queries in the same bucket, and the charge
-    is eps_tok x the padded length.
+    (and eps_tok*d metric-DP). By sequential composition a query of n tokens is
+    released under epsilon = n * eps_tok, the amount the accountant charges
+    (``query_epsilon``). Like every token-level text mechanism (SanText, CusText) this
+    releases the length; with ``length_bucket=L`` the word pieces are padded (with a
+    public filler token, perturbed like the rest) to the next multiple of L, so only the
+    bucket is released and the charge is eps_tok x the padded length.
 
-Per-call budget (``perturb(..., epsilon=e)``): the fixed-budget experiment gives each
-cloud call a query epsilon e decided before the call; the mechanism then runs at
-eps_tok = e / (padded length), so the call costs exactly e. At e in single digits
-and ~40 word pieces that is eps_tok ~ 0.1: the output is close to uniform noise
-(see :mod:`.sentence` for a mechanism that stays usable there).
+Per-call budget (``perturb(..., epsilon=e)``): a call given a query epsilon e runs at
+eps_tok = e / (padded length), so it costs exactly e; at e in single digits that is
+close to uniform noise (see :mod:`.sentence` for a mechanism that stays usable there).
 
-Randomized response (``RandomizedResponse``)
-    A bit b is reported truthfully with probability e^eps / (1 + e^eps), flipped
-    otherwise: the ratio of the report's probabilities under b and 1-b is exactly
-    e^eps, so any bit computed from the private data is released under eps-LDP.
+Randomized response (``RandomizedResponse``): a bit b is reported truthfully with probability
+e^eps / (1 + e^eps), flipped otherwise, so any bit computed from private data is released under eps-LDP.
 
-Deviation from the paper: none in the privacy argument we know of; the paper's
-own perturbation may differ (the abstract does not say which one). Pure LDP over
-a 30k-token vocabulary is costly: the output becomes readable only around
-eps_tok ~ 35 (measured: keep-rate 0.56 at 30, 0.98 at 40 on a GSM8K question),
-so per-query epsilons are in the hundreds to thousands. The cache's saving is a
+Deviation from the paper: none in the privacy argument we know of; the paper's own
+perturbation may differ (the abstract does not say which one). Pure LDP over a 30k-token
+vocabulary is costly: the output becomes readable only at a per-token epsilon in the
+tens, so per-query epsilons are in the hundreds to thousands. The cache's saving is a
 ratio and does not depend on that scale.
 """
 
