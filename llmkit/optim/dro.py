@@ -32,11 +32,10 @@ Deviations: the abstract states neither the region rule nor the weight formula; 
 (regions by target range, chi-square balls, 1/n_k radii, mass at the edge of the ball). Everything is
 numpy; a training job passes the weights as per-example loss weights (e.g. ``sample_weight``).
 
-Measured (``bench/optim_structured.py``, figures in ``bench/results/``): on the imbalanced toy TC-DRO gives a
-lower tail MSE than both ERM and global chi-square DRO; on scikit-learn's diabetes data and on the GSM8K
-difficulty regressor (``llmkit.train.difficulty``) it does not beat ERM, and on GSM8K global chi-square DRO
-does better. The within-region tilt towards hard examples is what hurts there (weights from the region masses
-alone did better in our trials), so treat these weights as one option to measure, not a default.
+Whether the weights help is measured, not assumed: ``bench/optim_structured.py`` compares them with ERM and
+global chi-square DRO on an imbalanced toy, scikit-learn's diabetes data and the GSM8K difficulty regressor
+(``llmkit.train.difficulty``); results in bench/results/optim_structured.md. Treat them as one option to
+measure, not a default.
 """
 
 from __future__ import annotations
