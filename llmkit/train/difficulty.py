@@ -6,8 +6,8 @@ reference solutions take 2-4 steps and few take 7-9, so plain least squares fits
 the long problems. ``weighting="tc_dro"`` trains with target-conditional DRO example weights
 (``llmkit.optim.dro.tc_dro_weights``: one region per step count, larger radii where counts are scarce);
 ``chi2`` (global chi-square DRO) and ``erm`` (the default) are the baselines. Which one helps is an empirical
-question: ``bench/optim_structured.py`` measures all three on GSM8K test (results in
-``bench/results/optim_structured*.json``); on this task the default stays ``erm``.
+question: ``bench/optim_structured.py`` measures all three on GSM8K test (bench/results/optim_structured.md);
+the default stays ``erm``.
 
 Features: hashed word unigrams and bigrams of the question (``sklearn``'s ``HashingVectorizer``) plus the
 log counts of numbers and words. Model: ridge-regularised weighted least squares.
