@@ -16,27 +16,21 @@ mean over layers: ``chaos = mean_l (c_l - med_l) / (1.4826 MAD_l)``. The guard
 flags a response when ``chaos > threshold``, the ``1 - target_fpr`` quantile of
 the held-out compliant chaos scores.
 
-That is the ``"energy"`` score (a Mahalanobis energy). Beside it, the ``"entropic"``
-score (:func:`entropic_layer_score`) also counts the trajectory's own entropy, so it is
-a divergence, not a cross-entropy. Exact definition, per layer: whiten the response's
-token states against the compliant manifold (``Manifold.whiten``: ``z_t`` in the k
-principal directions divided by their standard deviations, ``r_t`` the off-subspace
-residual divided by ``sqrt(noise)``), so that the compliant Gaussian ``q`` is
-``N(0, I)`` in both blocks. Model the trajectory as a Gaussian ``p``: in the subspace,
-mean ``m = mean_t z_t`` and the Ledoit-Wolf shrunk covariance ``S`` of the ``z_t``
-(eigenvalues ``s_i``); off the subspace, mean ``m_r = mean_t r_t`` and one isotropic
-variance ``v = mean_t |r_t - m_r|^2 / (d - k)``. Then
+That is the ``"energy"`` score (a Mahalanobis energy). The ``"entropic"`` score
+(:func:`entropic_layer_score`) also counts the trajectory's own entropy, so it is a
+divergence. Per layer: whiten the token states against the compliant manifold
+(``Manifold.whiten``: ``z_t`` in the k principal directions over their standard deviations,
+``r_t`` the off-subspace residual over ``sqrt(noise)``), so that ``q`` is ``N(0, I)``; model the
+trajectory as a Gaussian ``p`` with mean ``m`` and Ledoit-Wolf shrunk covariance (eigenvalues
+``s_i``) of the ``z_t``, and off the subspace mean ``m_r`` and one isotropic variance ``v``. Then
 
     KL(p || q) = 1/2 [ |m|^2 + sum_i f(s_i) + |m_r|^2 + (d - k) f(v) ],   f(s) = s - 1 - log s
 
-and the layer score is ``KL / d``. ``f(s) >= 0`` is the entropic price of a variance
-``s`` against the compliant one (``-log s`` is the trajectory's own entropy per
-direction). The *asymmetric* form (the default, ``asymmetric=True``) replaces ``f`` with
-``f_+(s) = f(s)`` for ``s > 1`` and ``0`` otherwise: only scatter beyond the compliant
-spread and drift away from the compliant mean count; a trajectory tighter than the
-manifold (a short or repetitive answer) is not chaos. That is AEO's asymmetry written
-into the score: the compliant manifold is low-entropy, violations are high-entropy.
-Layer scores are calibrated and combined exactly as for the energy score.
+and the layer score is ``KL / d``. The *asymmetric* form (the default, ``asymmetric=True``)
+uses ``f_+(s) = f(s)`` for ``s > 1`` and ``0`` otherwise: only scatter beyond the compliant
+spread and drift count, and a trajectory tighter than the manifold (a short or repetitive
+answer) is not chaos. That is AEO's asymmetry written into the score. Layer scores are
+calibrated and combined exactly as for the energy score.
 
 Windows. A long response is scored window by window (:func:`windows`: ``size`` tokens,
 half-overlapping, the last one ending at the response's end) and its score is the
