@@ -11,32 +11,25 @@ The step solved here (one policy update, linearised as in CPO):
 
     maximise  g^T s   subject to   c_i + b_i^T s <= 0  (i = 1..m),   s^T F s <= delta^2
 
-1. **Natural gradients and their Gram matrix.** ``U = [g; b_1; ...; b_m]``, ``K = U F^{-1} U^T`` (the Fisher-Rao
-   inner products of the natural gradients ``F^{-1} u``). Everything below works on ``K`` (size m+1), so a
-   policy with millions of parameters costs m+1 solves with F (or nothing when ``fisher`` is None: F = I).
-2. **Fisher-geometric screening.** Within the trust region constraint i moves by at most
-   ``delta * ||b_i||_{F^{-1}} = delta * sqrt(K_ii)``. A constraint with ``c_i + delta sqrt(K_ii) < 0`` cannot
-   become active and is dropped; one whose gradient has (numerically) zero Fisher norm cannot be moved and
-   is dropped too (reported in ``info``).
+1. **Natural gradients and their Gram matrix.** ``U = [g; b_1; ...; b_m]``, ``K = U F^{-1} U^T``. Everything
+   below works on ``K`` (size m+1): m+1 solves with F (none when ``fisher`` is None: F = I).
+2. **Fisher-geometric screening.** Within the trust region constraint i moves by at most ``delta sqrt(K_ii)``;
+   one with ``c_i + delta sqrt(K_ii) < 0`` cannot become active, and one with (numerically) zero Fisher norm
+   cannot be moved: both are dropped (reported in ``info``).
 3. **Near-collinear compression.** Constraints whose natural gradients have Fisher cosine above
-   ``1 - collinear_tol`` are one group; a group keeps its most restrictive member (largest
-   ``c_i / sqrt(K_ii)``, the halfspace that cuts deepest). Nearly parallel rows are what make
-   ``(B F^{-1} B^T)^{-1}`` explode in a naive projection.
-4. **Löwdin orthogonalization.** ``K = E diag(lam) E^T``; the symmetric (Löwdin) basis
-   ``Q = F^{-1} U^T E lam^{-1/2} E^T`` is F-orthonormal and is, among all orthonormal bases of the span, the one
-   closest to the original natural gradients, so the reward and every constraint are treated symmetrically.
-   Eigenvalues below ``rank_tol * max(lam)`` are dropped (linearly dependent directions). The optimum lies in
-   this span (KKT: ``F s`` is a combination of g and the b_i), so nothing is lost by the reduction, and in
-   coordinates ``s = Q z`` the trust region is the ball ``||z|| <= delta``.
-5. **Active-set solve.** The reduced problem ``max a^T z, ||z|| <= delta, h_i^T z <= -c_i`` has a handful of
-   variables; every face (active set A, ball active or not) has a closed-form maximiser, and the best
-   feasible one is the optimum. All subsets are enumerated (exact) while there are at most
-   ``max_enumerate`` constraints after screening; beyond that scipy's SLSQP solves the same small problem.
-6. **Infeasible iterates.** If the linearised constraints have no common point in the ball, the step is the
-   Pareto-descent direction: the negative min-norm point of the convex hull of the unit normals of the
-   violated constraints (MGDA), which decreases each of them; a satisfied constraint that this step would
-   break joins the set (so it is decreased too) until none breaks. Its length is the smallest that
-   satisfies every violated linearisation, capped at ``delta``.
+   ``1 - collinear_tol`` form a group that keeps its most restrictive member (largest ``c_i / sqrt(K_ii)``).
+   Nearly parallel rows are what make ``(B F^{-1} B^T)^{-1}`` explode in a naive projection.
+4. **Löwdin orthogonalization.** ``K = E diag(lam) E^T``; the symmetric basis ``Q = F^{-1} U^T E lam^{-1/2} E^T``
+   is F-orthonormal and, among the orthonormal bases of the span, the closest to the natural gradients, so
+   the reward and every constraint are treated symmetrically. Eigenvalues below ``rank_tol * max(lam)`` are
+   dropped. The optimum lies in this span (KKT), and with ``s = Q z`` the trust region is ``||z|| <= delta``.
+5. **Active-set solve.** The reduced problem ``max a^T z, ||z|| <= delta, h_i^T z <= -c_i`` has a closed-form
+   maximiser per face (active set, ball active or not); all faces are enumerated (exact) up to
+   ``max_enumerate`` constraints after screening, beyond that scipy's SLSQP solves the same small problem.
+6. **Infeasible iterates.** With no common point in the ball, the step is the Pareto-descent direction: the
+   negative min-norm point of the convex hull of the violated constraints' unit normals (MGDA); a satisfied
+   constraint that it would break joins the set until none breaks. Its length is the smallest that satisfies
+   every violated linearisation, capped at ``delta``.
 
 Deviations: the abstract gives no formulas, so steps 2-6 are our first-principles reading of it. Compression
 keeps one representative per near-collinear group, so the other members are honoured only up to the angle
