@@ -30,18 +30,14 @@ of its token. Donors read back as a calibrated per-channel constant.
 Heads may keep different numbers of pairs: descriptors are padded to the largest count and the
 padding columns point at a normal channel (``valid`` False), which every path writes back as is.
 
-Parameters are rounded to bf16 with explicit directions (never the cast's own mode, which differs
-between Triton's interpreter and GPUs). Rounding of codes is ``floor(v + 0.5)`` in both implementations (not torch's half-to-even) so the Triton
+Parameters are rounded to bf16 with explicit directions (the cast's own mode differs between Triton's
+interpreter and GPUs), and codes round as ``floor(v + 0.5)`` (not torch's half-to-even), so the Triton
 kernels and the references agree bit for bit under ``TRITON_INTERPRET=1``.
-
-The CPU path uses the references; ``backend="triton"`` (default on CUDA tensors) uses the kernels.
-The references are written for the CPU path's speed as well: whole-tensor ops only (no loop over
-heads or groups), ``amin``/``amax`` rather than ``aminmax`` (much slower over a non-last dim on
-CPU), codes computed in place and packed with one fused ``even + 16 * odd``, nibbles split as
-uint8 and dequantized by one ``addcmul``; the outlier/donor gathers run only when the descriptor
-keeps a pair (``k > 0``). Callers batch work: the InQuant layer quantizes keys and values of all
-heads and chunks in one call.
-Triton is imported lazily inside the functions that launch kernels.
+The CPU path uses the references; ``backend="triton"`` (default on CUDA tensors) uses the kernels (Triton
+is imported lazily). The references are written for CPU speed too: whole-tensor ops only, ``amin``/``amax``
+rather than ``aminmax`` (much slower over a non-last dim on CPU), one fused ``even + 16 * odd`` pack and one
+``addcmul`` dequantization; the outlier/donor gathers run only when the descriptor keeps a pair. Callers
+batch: the InQuant layer quantizes keys and values of all heads and chunks in one call.
 """
 
 from __future__ import annotations
