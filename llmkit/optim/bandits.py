@@ -8,48 +8,35 @@ et al. (2022), whose challenger is chosen using a Bernoulli transportation cost 
 count penalty"). ``TopTwoEBTCI`` runs, at each step t:
 
 - leader ``B`` = the empirical best arm (ties: the arm with fewer pulls, then the lower index);
-- challenger ``C = argmin_{j != B} W(B, j) + log N_j`` where the Bernoulli transportation cost is
+- challenger ``C = argmin_{j != B} W(B, j) + log N_j`` with the Bernoulli transportation cost
   ``W(B, j) = N_B kl(mu_B, m) + N_j kl(mu_j, m)``, ``m = (N_B mu_B + N_j mu_j) / (N_B + N_j)``, when
-  ``mu_B > mu_j`` (else 0) and ``kl`` is the Bernoulli KL divergence;
-- pull ``B`` with "probability" beta: by default with Jourdan et al.'s per-leader tracking (pull the
-  leader when the times it was pulled as leader are at most ``beta`` times the times it was leader, so the
-  run is deterministic given the rewards); ``tracking=False`` flips a beta-coin instead;
-- with ``forced_exploration=True`` an arm with fewer than ``sqrt(t / K)`` pulls is pulled first (at most
-  ``sqrt(K t)`` forced pulls up to time t, the paper's mild rule);
-- stop when the GLR statistic ``min_{j != B} W(B, j)`` exceeds the pairwise threshold
-  ``c(N_B, N_j, delta) = 2 C_G(log((K - 1) / delta) / 2) + 2 log(4 + log N_B) + 2 log(4 + log N_j)``
-  for every challenger j, and recommend B.
+  ``mu_B > mu_j`` (else 0);
+- pull ``B`` with "probability" beta, by Jourdan et al.'s per-leader tracking (deterministic given the
+  rewards; ``tracking=False`` flips a beta-coin); ``forced_exploration=True`` first pulls an arm with fewer
+  than ``sqrt(t / K)`` pulls (the paper's mild rule);
+- stop when the GLR statistic ``min_{j != B} W(B, j)`` exceeds, for every challenger j,
+  ``c(N_B, N_j, delta) = 2 C_G(log((K - 1) / delta) / 2) + 2 log(4 + log N_B) + 2 log(4 + log N_j)``,
+  and recommend B.
 
-The threshold is the one of Kaufmann & Koolen (2021, "Mixture martingales revisited", Thm. 7, a
-deviation inequality for the sum of two arms' ``N_a kl(mu_hat_a, mu_a)`` in one-parameter exponential
-families), with a union bound over the K - 1 pairs (B, a*): it is what Jourdan et al. (2022) use (their
-version bounds the two log-log terms by ``4 log(4 + log(t/2))``; we keep the per-arm form, which is
-smaller). ``C_G(x) = min_{lambda in (1/2, 1]} (g_G(lambda) + x) / lambda`` with
-``g_G(lambda) = 2 lambda - 2 lambda log(4 lambda) + log zeta(2 lambda) - log(1 - lambda) / 2``,
-``C_G(x) ~ x + log x``. Why it is delta-correct: if the rule stops recommending B != a* then
-``W(B, a*) > c``, and because mu_B < mu_a* lies in the alternative, ``W(B, a*) <= N_B kl(mu_hat_B, mu_B)
-+ N_a* kl(mu_hat_a*, mu_a*)``, which exceeds c with probability at most delta / (K - 1) at any time.
-
-``UniformAllocation`` is the baseline: round-robin sampling with the same stopping rule and threshold.
-``identify_best(sample_fn, num_arms, delta)`` runs either until it stops and returns ``(arm, samples)``.
-``characteristic_time(mu, beta)`` computes ``T*_beta(mu)``, the beta-optimal characteristic time, so that
-the expected stopping time can be compared with ``T*_beta(mu) log(1/delta)`` (the paper's sharp rate).
+The threshold is Kaufmann & Koolen's (2021, "Mixture martingales revisited", Thm. 7) with a union bound
+over the K - 1 pairs (B, a*), as in Jourdan et al. (2022) (we keep the per-arm log-log terms, which are
+smaller than their ``4 log(4 + log(t/2))``); ``C_G(x) ~ x + log x`` is computed by its minimisation over
+lambda in (1/2, 1]. It is delta-correct: stopping on B != a* needs ``W(B, a*) > c``, and ``W(B, a*)`` is at
+most ``N_B kl(mu_hat_B, mu_B) + N_a* kl(mu_hat_a*, mu_a*)``, which exceeds c with probability <= delta / (K - 1).
+``UniformAllocation`` is the baseline (round-robin, same stopping rule); ``identify_best(sample_fn,
+num_arms, delta)`` returns ``(arm, samples)``; ``characteristic_time(mu, beta)`` gives ``T*_beta(mu)`` to
+compare stopping times with the sharp rate ``T*_beta(mu) log(1/delta)``.
 
 **Noisy 1-D convex minimizer localization** (seed: "one-dimensional stochastic bandit convex
 optimization ... minimizer localization ... a bisection-style algorithm" matching the
 ``Delta_eps(f)^-2`` lower bound up to logs). ``localize_minimizer(f, lo, hi, eps, delta)`` keeps an
-interval ``[a, b]`` known (with probability >= 1 - delta) to hold the minimizer and shrinks it until its
-length is at most 2 eps, then returns its midpoint. Each round samples the three interior points
-``x_l < x_c < x_r`` at 1/4, 1/2, 3/4 of ``[a, b]`` (once the interval is shorter than 8 eps / 3, ``x_l``
-and ``x_r`` sit only ``L - 2 eps`` inside its ends: one cut finishes and the points stay far apart) in lockstep,
-with anytime sub-Gaussian confidence bounds on the pairwise differences of their means (union over sample
-counts by ``delta_n = delta_p / (n (n + 1))`` and over the three pairs of each round by ``delta_p =
-delta / (3 R)``, R the most rounds possible), until a comparison that convexity turns into a cut is
-certain: ``f(x_l) > f(x_c)`` or ``f(x_l) > f(x_r)`` puts the minimizer right of x_l (``a = x_l``);
-``f(x_r) > f(x_c)`` or ``f(x_r) > f(x_l)`` puts it left of x_r (``b = x_r``). A strictly convex f (unique
-minimizer) always has such a pair, and the gaps shrink with the sublevel-set widths, which is where
-``Delta_eps(f)`` enters. Deviation from the paper: samples are not reused across rounds (the three
-points move), which costs a constant factor, not the rate.
+interval ``[a, b]`` holding the minimizer with probability >= 1 - delta and shrinks it to length <= 2 eps.
+Each round samples ``x_l < x_c < x_r`` at 1/4, 1/2, 3/4 of ``[a, b]`` (near the end, ``x_l`` and ``x_r`` sit
+only ``L - 2 eps`` inside the ends, so one cut finishes) in lockstep, with anytime sub-Gaussian confidence
+bounds on the pairwise differences (union over sample counts and over the three pairs of each round), until
+convexity turns a certain comparison into a cut: ``f(x_l) > f(x_c)`` or ``f(x_l) > f(x_r)`` gives
+``a = x_l``; ``f(x_r) > f(x_c)`` or ``f(x_r) > f(x_l)`` gives ``b = x_r``. Deviation from the paper: samples
+are not reused across rounds (the three points move), which costs a constant factor, not the rate.
 """
 
 from __future__ import annotations
