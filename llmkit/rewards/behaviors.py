@@ -7,45 +7,31 @@ behaviour rate before/after training. The paper (VSPO, "Vector-Steered Policy Op
 behaviours with judges; these are transparent rule-based proxies so runs are cheap, offline and
 reproducible. What each one measures:
 
-- ``verbosity``: the answer's length in words falls inside a band ``[min_words, max_words]``. Score 1
-  inside; outside it decays linearly in log-length, reaching 0 at half the lower bound or twice the upper
-  bound (so "a bit too long" still beats "far too long", giving GRPO a gradient). Rate: inside the band.
-  The band is the behaviour: a short band teaches concision, a long one verbosity.
-- ``confidence``: calibrated confidence expression. The completion must state a confidence, either
-  numerically ("Confidence: 80%", "I am 90% sure", "confidence 0.7") or verbally ("I am certain" = 0.95,
-  "very confident" = 0.9, "confident" = 0.8, "fairly/reasonably confident" = 0.7, "not sure" = 0.4,
-  "unsure/uncertain" = 0.3, "guess" = 0.2). No statement scores 0. With a statement ``c`` the score is the
-  Brier-style ``1 - (c - correct)^2`` where ``correct`` is the task's own grading of the answer
-  (GSM8K via ``llmkit.evals``; needs the ``answer`` column): confident and right, or unsure and wrong,
-  scores high. Rate: a confidence statement is present. Numeric statements are cut out before grading
-  (``strip_confidence``): GSM8K's flexible extraction takes the last number, which would be the "80%";
-  the VSPO recipe grades task correctness the same way when this behaviour is trained.
-- ``expertise``: explanation expertise: the answer reads like an expert's worked explanation. Counted
-  markers: domain vocabulary (equation, variable, substitute, ratio, proportion, rate, total, product,
-  quotient, therefore, hence, thus, ...), explicit equations (a ``=`` between quantities), named
-  variables ("let x be"), and numbered/bulleted steps. Score ``min(1, markers / target)`` (target 6);
-  rate: score >= 0.5. A proxy only: it rewards the form of expert explanation, not its correctness (the
-  correctness reward covers that).
-- ``confident_answer``: confidence expression tied to the task answer, the rare-behaviour regime of the
-  paper (the bundled model almost never does it unprompted). Rate and score (binary: the reward is
-  sparse on purpose) are 1 only when all three hold: (a) an unhedged first-person certainty claim ("I am
-  confident", "I'm certain", "I am sure", optionally "very/fully/completely/absolutely"; "not sure",
-  "fairly confident" and other hedges do not count); (b) the line holding the claim names a number and
-  that number is the completion's final answer, extracted the way the task grader extracts it (GSM8K's
-  flexible extraction: the last number), so the claim is about the answer that accuracy is scored on;
-  (c) the completion is on the task: it uses at least ``min(2, k)`` of the ``k`` distinct numbers of the
-  question (``question`` column; TRL passes dataset columns to reward functions). So empty text, a bare
-  "I am certain.", or "I am confident the answer is 42." under an unrelated question all score 0; what
-  it cannot check is whether the work is right (the task reward and accuracy measure that).
-- ``concise_answer``: response verbosity in its rare form (the paper's "response verbosity" behaviour): a
-  short answer that still answers. 1 only when the completion has at most ``max_words`` words (default 30),
-  states a final answer (the grader's extraction finds a number) and is on the task by the same rule as
-  ``confident_answer`` (it uses at least ``min(2, k)`` of the question's ``k`` numbers). Binary, so empty text,
-  "OK." or a bare "42" score 0 where the ``verbosity`` band would pay for them. The bundled model, asked to
-  solve step by step, almost never answers this briefly.
-- ``robustness``: robustness to misleading context. Prompts carry an injected wrong hint (see
-  ``inject_hint``; the wrong number is stored in a ``hint`` column). Score 1 when the completion's final
-  answer is correct, 0 otherwise, and 0 in particular when it repeats the hint. Rate: the same.
+- ``verbosity``: the answer's length in words falls inside a band ``[min_words, max_words]`` (score 1; outside
+  it decays linearly in log-length to 0 at half the lower or twice the upper bound, so GRPO gets a gradient).
+  Rate: inside the band. A short band teaches concision, a long one verbosity.
+- ``confidence``: calibrated confidence expression. A stated confidence ``c``, numeric ("Confidence: 80%",
+  "confidence 0.7") or verbal ("I am certain" = 0.95 ... "guess" = 0.2), scores the Brier-style
+  ``1 - (c - correct)^2``, ``correct`` being the task's own grading of the answer (GSM8K via ``llmkit.evals``;
+  needs the ``answer`` column); no statement scores 0. Rate: a statement is present. Numeric statements are
+  cut out before grading (``strip_confidence``), since GSM8K's flexible extraction takes the last number.
+- ``expertise``: the answer reads like an expert's worked explanation: domain vocabulary (equation, ratio,
+  therefore, ...), explicit equations, named variables ("let x be") and numbered steps count as markers.
+  Score ``min(1, markers / 6)``; rate: score >= 0.5. It rewards the form, not correctness (the task reward
+  covers that).
+- ``confident_answer``: confidence tied to the task answer, the paper's rare-behaviour regime. Binary (sparse
+  on purpose): 1 only when (a) an unhedged first-person certainty claim ("I am confident", "I'm certain",
+  "I am sure"; hedges such as "fairly confident" do not count), (b) on a line naming the completion's final
+  answer as the task grader extracts it (GSM8K flexible: the last number), (c) in a completion on the task
+  (it uses at least ``min(2, k)`` of the question's ``k`` numbers; ``question`` column). So a bare "I am
+  certain." or a claim under an unrelated question scores 0; whether the work is right is the task reward's job.
+- ``concise_answer``: response verbosity in its rare form: 1 only when the completion has at most
+  ``max_words`` words (default 30), states a final answer (the grader's extraction finds a number) and is on
+  the task by the same rule as ``confident_answer``. Binary, so empty text, "OK." or a bare "42" score 0 where
+  the ``verbosity`` band would pay for them.
+- ``robustness``: robustness to misleading context. Prompts carry an injected wrong hint (``inject_hint``;
+  the wrong number in a ``hint`` column). Score and rate: 1 when the final answer is correct, so 0 when it
+  repeats the hint.
 """
 
 from __future__ import annotations
