@@ -4,8 +4,9 @@ Mixture (built at run time from ../shared/data/gsm8k/train.jsonl by
 ``llmkit.train.hgms.mixtures.gsm8k_noisy_mixture``; disjoint random slices):
 
 - ``gsm8k``: clean GSM8K train problems -- should gain weight;
-- ``noisy``: other GSM8K train problems with the answers shuffled across questions (fluent, but
-  the answer belongs to another question) -- should lose weight;
+- ``noisy``: other GSM8K train problems with each answer replaced by random words from the answers'
+  vocabulary (``--corruption random_words``, the default: clearly harmful) or shuffled across
+  questions (``shuffled``: fluent, but the answer belongs to another question) -- should lose weight;
 - target (outer objective, DoGE's target): a third GSM8K train slice, a validation set.
 
 Held out (never trained on, never used for weighting): GSM8K test completion loss (and, with
@@ -22,8 +23,11 @@ step) from the same invocation; because the machine is shared and its load drift
 seconds spent in weight updates (same run, same load). DoReMi's reference model is the uniform run's final model (DoReMi
 trains its reference on the uniform mixture), so its extra cost includes that run.
 
-    .venv/bin/python bench/hgms.py --quick     # smoke run: 12 steps x 2 examples x 128 tokens
-    .venv/bin/python bench/hgms.py             # the FULL preset below
+    .venv/bin/python bench/hgms.py --quick     # smoke run: 12 steps x 2 examples x 128 tokens, 2 seeds
+    .venv/bin/python bench/hgms.py             # the FULL preset below (150 steps, 3 seeds)
+
+Every figure is a mean over training seeds with a 95% t-interval (``<key>_ci``); differences to
+uniform are paired by seed (``heldout_loss_diff_<method>_vs_uniform``).
 
 Writes bench/results/hgms[_quick].json and .png (weight of the noisy source over steps per method;
 held-out losses per method).
@@ -37,6 +41,8 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
 RESULTS = REPO / "bench" / "results"
@@ -44,17 +50,18 @@ METHODS = ("uniform", "hgms", "doremi", "doge", "odm")  # uniform first: DoReMi'
 
 QUICK = {"steps": 12, "batch": 2, "max_length": 128, "interval": 3, "probe": 4, "iters": 5, "n_clean": 96,
          "n_noisy": 96, "n_target": 32, "n_heldout": 24, "n_math": 12, "lora_layers": 4, "lr": 2e-3,
-         "weights_lr": 0.5, "select_lr": 0.01, "acc_n": 0}
-FULL = {"steps": 40, "batch": 4, "max_length": 160, "interval": 4, "probe": 4, "iters": 8, "n_clean": 256,
+         "weights_lr": 0.5, "select_lr": 0.01, "acc_n": 0, "seeds": 2, "corruption": "random_words"}
+FULL = {"steps": 150, "batch": 4, "max_length": 160, "interval": 5, "probe": 4, "iters": 8, "n_clean": 256,
         "n_noisy": 256, "n_target": 64, "n_heldout": 64, "n_math": 32, "lora_layers": 4, "lr": 2e-3,
-        "weights_lr": 0.5, "select_lr": 0.01, "acc_n": 32}
+        "weights_lr": 0.5, "select_lr": 0.01, "acc_n": 64, "seeds": 3, "corruption": "random_words"}
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke run (preset QUICK)")
     for k, v in FULL.items():
-        p.add_argument(f"--{k}", type=type(v), help=f"override the preset (full: {v}, quick: {QUICK[k]})")
+        p.add_argument(f"--{k}", type=type(v), help=f"override the preset (full: {v}, quick: {QUICK[k]})",
+                       **({"choices": ["random_words", "shuffled"]} if k == "corruption" else {}))
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     p.add_argument("--work", default=str(REPO / "outputs" / "hgms-bench"), help="scratch folder (data, models)")
@@ -66,24 +73,25 @@ def lora_targets(n_layers_total: int, last: int) -> list[str]:
             for m in ("q_proj", "v_proj")]
 
 
-def run_method(method: str, cfg: dict, files: dict, work: Path, reference: str | None, heldout: dict):
+def run_method(method: str, cfg: dict, files: dict, work: Path, reference: str | None, heldout: dict, seed: int = 0):
     from trl import ModelConfig
 
     from llmkit.train.common import completion_loss
     from llmkit.train.hgms.config import HgmsArguments, HgmsConfig
     from llmkit.train.hgms.recipe import make_trainer
 
-    out = work / method
+    out = work / f"{method}-s{seed}"
     hg = HgmsArguments(sources=[{"name": "gsm8k", "path": str(files["gsm8k"])},
                                 {"name": "noisy", "path": str(files["noisy"])}],
                        target_data=str(files["target"]), max_target_samples=None, weighting=method,
                        weights_update_interval=cfg["interval"], weights_lr=cfg["weights_lr"],
                        probe_batch_size=cfg["probe"], hgms_last_layers=2, hgms_lanczos_iters=cfg["iters"],
-                       hgms_select_lr=cfg["select_lr"], doremi_reference_model=reference)
+                       hgms_select_lr=cfg["select_lr"], doremi_reference_model=reference,
+                       doremi_reference_steps=cfg["steps"])
     ta = HgmsConfig(output_dir=str(out), max_steps=cfg["steps"], per_device_train_batch_size=cfg["batch"],
                     per_device_eval_batch_size=8, learning_rate=cfg["lr"], lr_scheduler_type="constant",
                     max_length=cfg["max_length"], logging_steps=1, save_strategy="no", report_to="none",
-                    use_cpu=True, bf16=False, seed=0, dataloader_num_workers=0, disable_tqdm=True)
+                    use_cpu=True, bf16=False, seed=seed, dataloader_num_workers=0, disable_tqdm=True)
     ma = ModelConfig(model_name_or_path="smollm2-135m-instruct", use_peft=True, lora_r=8, lora_alpha=16,
                      lora_dropout=0.0, lora_target_modules=lora_targets(30, cfg["lora_layers"]))
     trainer, tok, target_rows, _ = make_trainer(hg, ta, ma, out=out)
@@ -91,7 +99,7 @@ def run_method(method: str, cfg: dict, files: dict, work: Path, reference: str |
     trainer.train()
     train_s = time.perf_counter() - t0
     c = trainer.hgms
-    res = {"method": method, "train_s": train_s, "s_per_step": train_s / cfg["steps"],
+    res = {"method": method, "seed": seed, "train_s": train_s, "weight_refusals": trainer.hgms.refused, "s_per_step": train_s / cfg["steps"],
            "weighting_s": c.update_seconds, "weight_updates": c.updates, "extra_passes": c.passes,
            "selection_examples": c.select_examples, "train_tokens": int(trainer._total_train_tokens),
            "source_examples": dict(zip(c.names, c.source_examples)), "final_weights": c.weights_dict(),
@@ -116,32 +124,53 @@ def run_method(method: str, cfg: dict, files: dict, work: Path, reference: str |
     return res
 
 
-def plot(results: dict, path: Path, title: str) -> None:
+def mean_ci(values: list[float]) -> tuple[float, list[float]]:
+    """Mean and 95% t-interval over seeds (the interval collapses to the mean for one seed)."""
+    from scipy import stats
+
+    x = np.asarray(values, dtype=float)
+    m = float(x.mean())
+    if len(x) < 2 or float(x.std()) == 0.0:
+        return m, [m, m]
+    lo, hi = stats.t.interval(0.95, len(x) - 1, loc=m, scale=stats.sem(x))
+    return m, [float(lo), float(hi)]
+
+
+def fmt_ci(summary: dict, key: str, spec: str = ".4f") -> str:
+    lo, hi = summary[key + "_ci"]
+    return f"{summary[key]:{spec}} [{lo:{spec}}, {hi:{spec}}]"
+
+
+def plot(runs: dict, summary: dict, path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for m, r in results.items():
+    for m, rs in runs.items():
+        r = rs[0]  # seed 0's trajectory
         steps = [h["step"] for h in r["history"]]
         a.step(steps + [r["steps"]], [h["weights"]["noisy"] for h in r["history"]]
                + [r["history"][-1]["weights"]["noisy"]], where="post", label=m, marker=".")
     a.axhline(0.5, color="gray", lw=0.8, ls="--")
     a.set_xlabel("optimizer step")
-    a.set_ylabel("weight of the shuffled-answers source")
+    a.set_ylabel("weight of the corrupted source (seed 0)")
     a.set_title("learned weights (lower is right)")
     a.legend()
-    names = list(results)
+    names = list(runs)
     x = range(len(names))
-    b.bar([i - 0.2 for i in x], [results[m]["heldout_loss"] for m in names], 0.4, label="GSM8K test loss")
-    b.bar([i + 0.2 for i in x], [results[m]["math500_loss"] for m in names], 0.4, label="MATH-500 loss")
-    lo = min(min(results[m]["heldout_loss"], results[m]["math500_loss"]) for m in names)
-    hi = max(max(results[m]["heldout_loss"], results[m]["math500_loss"]) for m in names)
+    for off, key, label in ((-0.2, "heldout_loss", "GSM8K test loss"), (0.2, "math500_loss", "MATH-500 loss")):
+        mean = [summary[f"{key}_{m}"] for m in names]
+        err = [[mu - summary[f"{key}_{m}_ci"][0] for mu, m in zip(mean, names)],
+               [summary[f"{key}_{m}_ci"][1] - mu for mu, m in zip(mean, names)]]
+        b.bar([i + off for i in x], mean, 0.4, yerr=err, capsize=3, label=label)
+    lo = min(min(summary[f"heldout_loss_{m}_ci"][0], summary[f"math500_loss_{m}_ci"][0]) for m in names)
+    hi = max(max(summary[f"heldout_loss_{m}_ci"][1], summary[f"math500_loss_{m}_ci"][1]) for m in names)
     b.set_ylim(lo - 0.1 * (hi - lo + 0.1), hi + 0.1 * (hi - lo + 0.1))
     b.set_xticks(list(x), names)
     b.set_ylabel("completion NLL (nats/token)")
-    b.set_title("held-out loss of the final model")
+    b.set_title("held-out loss of the final model (mean, 95% CI over seeds)")
     b.legend()
     fig.suptitle(title)
     fig.tight_layout()
@@ -161,59 +190,65 @@ def main() -> None:
     cfg.update({k: getattr(args, k) for k in FULL if getattr(args, k) is not None})
     work = Path(args.work) / ("quick" if args.quick else "full")
     files = gsm8k_noisy_mixture(DATA / "gsm8k" / "train.jsonl", work / "data", cfg["n_clean"], cfg["n_noisy"],
-                                cfg["n_target"], seed=0)
+                                cfg["n_target"], seed=0, corruption=cfg["corruption"])
     heldout = {"gsm8k": load_records(str(DATA / "gsm8k" / "test.jsonl"), limit=cfg["n_heldout"]),
                "math500": load_records(str(DATA / "math500" / "test.jsonl"), limit=cfg["n_math"])}
-    results: dict[str, dict] = {}
-    reference = None
-    for m in [x for x in METHODS if x in args.methods]:
-        if m == "doremi" and reference is None:
-            print("doremi: no uniform run in this invocation; its reference is the starting model", flush=True)
-        r = run_method(m, cfg, files, work, reference if m == "doremi" else None, heldout)
-        r["steps"] = cfg["steps"]
-        if m == "uniform":
-            reference = r.pop("model_dir")
-        results[m] = r
-        p = r["extra_passes"]
-        print(f"{m}: heldout_loss {r['heldout_loss']:.4f}  math500_loss {r['math500_loss']:.4f}  "
-              f"target_loss {r['target_loss']:.4f}  weight_noisy {r['final_weights']['noisy']:.3f}  "
-              f"s/step {r['s_per_step']:.2f}  extra fwd/bwd/hvp example-passes {p['forward']}/{p['backward']}/"
-              f"{p['double_backward']}  train_tokens {r['train_tokens']}"
-              + (f"  accuracy {r['heldout_accuracy']:.3f}" if "heldout_accuracy" in r else ""), flush=True)
+    runs: dict[str, list[dict]] = {m: [] for m in METHODS if m in args.methods}
+    for seed in range(cfg["seeds"]):
+        reference = None
+        for m in list(runs):
+            if m == "doremi" and reference is None:
+                print("doremi: no uniform run in this invocation; it trains its own uniform reference", flush=True)
+            r = run_method(m, cfg, files, work, reference if m == "doremi" else None, heldout, seed)
+            r["steps"] = cfg["steps"]
+            if m == "uniform":
+                reference = r.pop("model_dir")
+            runs[m].append(r)
+            p = r["extra_passes"]
+            print(f"{m} seed {seed}: heldout_loss {r['heldout_loss']:.4f}  math500_loss {r['math500_loss']:.4f}  "
+                  f"target_loss {r['target_loss']:.4f}  weight_noisy {r['final_weights']['noisy']:.3f}  "
+                  f"s/step {r['s_per_step']:.2f}  extra fwd/bwd/hvp example-passes {p['forward']}/{p['backward']}/"
+                  f"{p['double_backward']}  refusals {r['weight_refusals']}"
+                  + (f"  accuracy {r['heldout_accuracy']:.3f}" if "heldout_accuracy" in r else ""), flush=True)
 
-    summary: dict[str, float | int | None] = {}
-    for m, r in results.items():
-        summary[f"heldout_loss_{m}"] = r["heldout_loss"]
-        summary[f"math500_loss_{m}"] = r["math500_loss"]
-        summary[f"weight_noisy_{m}"] = r["final_weights"]["noisy"]
-        if "heldout_accuracy" in r:
-            summary[f"heldout_accuracy_{m}"] = r["heldout_accuracy"]
-    if "uniform" in results:
-        base = results["uniform"]["s_per_step"]
-        for m, r in results.items():
-            summary[f"step_time_ratio_{m}"] = r["s_per_step"] / base
-        if "hgms" in results:
-            summary["overhead_ratio_vs_uniform"] = results["hgms"]["s_per_step"] / base
+    summary: dict = {"seeds": cfg["seeds"]}
+    for m, rs in runs.items():
+        for key, vals in (("heldout_loss", [r["heldout_loss"] for r in rs]),
+                          ("math500_loss", [r["math500_loss"] for r in rs]),
+                          ("weight_noisy", [r["final_weights"]["noisy"] for r in rs]),
+                          ("heldout_accuracy", [r["heldout_accuracy"] for r in rs if "heldout_accuracy" in r])):
+            if vals:
+                summary[f"{key}_{m}"], summary[f"{key}_{m}_ci"] = mean_ci(vals)
+        summary[f"final_weights_{m}"] = {n: float(np.mean([r["final_weights"][n] for r in rs]))
+                                         for n in rs[0]["final_weights"]}
+        print(f"{m}: heldout_loss {fmt_ci(summary, f'heldout_loss_{m}')}  weight_noisy "
+              f"{fmt_ci(summary, f'weight_noisy_{m}')}"
+              + (f"  accuracy {fmt_ci(summary, f'heldout_accuracy_{m}')}" if f"heldout_accuracy_{m}" in summary
+                 else ""), flush=True)
+    if "uniform" in runs:
+        base = float(np.mean([r["s_per_step"] for r in runs["uniform"]]))
+        for m, rs in runs.items():
+            summary[f"step_time_ratio_{m}"] = float(np.mean([r["s_per_step"] for r in rs])) / base
+            # load-independent view: each run's own time with and without its weight updates
+            summary[f"in_run_overhead_ratio_{m}"] = float(np.mean(
+                [r["train_s"] / max(r["train_s"] - r["weighting_s"], 1e-9) for r in rs]))
+            if m != "uniform":
+                d = [r["heldout_loss"] - u["heldout_loss"] for r, u in zip(rs, runs["uniform"])]
+                k = f"heldout_loss_diff_{m}_vs_uniform"
+                summary[k], summary[k + "_ci"] = mean_ci(d)
+                print(f"heldout_loss {m} - uniform (paired by seed): {fmt_ci(summary, k, '+.4f')}", flush=True)
+        if "hgms" in runs:
+            summary["overhead_ratio_vs_uniform"] = summary["step_time_ratio_hgms"]
             print(f"overhead_ratio_vs_uniform (HG-MS s/step over uniform s/step, same run): "
                   f"{summary['overhead_ratio_vs_uniform']:.3f}", flush=True)
-        for m, r in results.items():
-            # load-independent view: the run's own time with and without its weight updates
-            summary[f"in_run_overhead_ratio_{m}"] = r["train_s"] / max(r["train_s"] - r["weighting_s"], 1e-9)
-            print(f"{m}: weighting share of train time {r['weighting_s'] / r['train_s']:.3f} "
-                  f"(in-run overhead ratio {summary[f'in_run_overhead_ratio_{m}']:.3f}); "
-                  f"{r['weight_updates']} updates; examples per source {r['source_examples']}", flush=True)
-        for m in results:
-            if m != "uniform":
-                d = results[m]["heldout_loss"] - results["uniform"]["heldout_loss"]
-                print(f"heldout_loss {m} - uniform: {d:+.4f}", flush=True)
-    if "doremi" in results and "uniform" in results:
+    if "doremi" in runs and "uniform" in runs:
         summary["doremi_reference_cost_steps"] = cfg["steps"]  # the uniform run it needs first
     name = "hgms_quick" if args.quick else "hgms"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps({"config": cfg, "summary": summary, "methods": results},
+    (RESULTS / f"{name}.json").write_text(json.dumps({"config": cfg, "summary": summary, "methods": runs},
                                                      indent=1) + "\n")
-    plot(results, RESULTS / f"{name}.png",
-         f"SmolLM2-135M LoRA, {cfg['steps']} steps x {cfg['batch']} examples x <= {cfg['max_length']} tokens")
+    plot(runs, summary, RESULTS / f"{name}.png", f"SmolLM2-135M LoRA, {cfg['steps']} steps x {cfg['batch']} "
+         f"examples x <= {cfg['max_length']} tokens, {cfg['seeds']} seeds")
     print(json.dumps(summary), flush=True)
 
 

@@ -160,6 +160,15 @@ class PinvResult:
     matvecs: int                  # HVPs spent
     ritz_residuals: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
     solve_residual: float = 0.0   # ||H x - P_kept b|| / ||P_kept b||: how well the Krylov model solved its part
+    kept_vectors: torch.Tensor | None = None   # the kept Ritz vectors [kept, d] (float64), for ``apply``
+    kept_values: torch.Tensor | None = None
+
+    def apply(self, v: torch.Tensor) -> torch.Tensor:
+        """The same truncated pseudoinverse applied to another vector (no HVP): sum_kept u_i (u_i . v) / theta_i."""
+        if self.kept_vectors is None or self.kept_vectors.shape[0] == 0:
+            return torch.zeros_like(v)
+        c = self.kept_vectors @ v.detach().double().to(self.kept_vectors.device)
+        return (self.kept_vectors.T @ (c / self.kept_values)).to(device=v.device, dtype=v.dtype)
 
 
 def pinv_solve(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, iters: int = 20,
@@ -185,7 +194,8 @@ def pinv_solve(matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, 
     # H x - P_kept b = beta q_next sum_kept S[k-1, i] c_i / theta_i (the Lanczos relation; no extra HVP)
     resid = float(beta * (S[-1, keep] * coef / theta[keep]).sum().abs() / coef.norm().clamp_min(1e-300))
     return PinvResult(sol.to(b.dtype), null.to(b.dtype), theta, int(keep.sum()), count[0],
-                      ritz_residuals=beta * S[-1].abs(), solve_residual=resid if keep.any() else 0.0)
+                      ritz_residuals=beta * S[-1].abs(), solve_residual=resid if keep.any() else 0.0,
+                      kept_vectors=U[keep], kept_values=theta[keep])
 
 
 @dataclass

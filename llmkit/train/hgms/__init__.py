@@ -19,8 +19,10 @@ examples, over a parameter subset S (default: trainable parameters of the last 2
   3. Hypergradient dF/dw_k = -<grad_S l_k, q> (one more backward through the gradient graph).
   4. Trust (``hgms_trust``, on by default): the formula is the derivative through the inner
      *solution*; it describes the current iterate only when that iterate is near a minimizer of g and
-     the truncated Hessian model is good. Three free readings decide how much of the step to take, each
-     1 when its condition holds and 0 when it plainly fails: the smoothed inner gradient norm over its
+     the truncated Hessian model is good. Four free readings decide how much of the step to take, each
+     1 when its condition holds and 0 when it plainly fails: the Newton decrement (1/2 grad g^T H^+
+     grad g over g, on the Ritz pairs already found: the fraction of the inner loss a Newton step would
+     still remove, the textbook distance to a minimizer), the smoothed inner gradient norm over its
      value at the first update (growing = moving away from a minimizer), the most negative Ritz value
      over the largest (a minimizer's Hessian has none), and the Lanczos solve's relative residual
      (>= 1: the Krylov model explains nothing). Their product multiplies ``weights_lr``; at or below

@@ -75,6 +75,9 @@ class HgmsArguments:
                 "a minimizer)"})
     hgms_max_solve_residual: float = field(default=1.0, metadata={
         "help": "trust 0 once the Lanczos solve's relative residual reaches this (1: no better than no solve)"})
+    hgms_max_newton_gap: float = field(default=0.1, metadata={
+        "help": "trust 0 once the Newton decrement says one Newton step would still remove this fraction of the "
+                "inner (probe) loss: the iterate is not near a minimizer"})
     hgms_min_trust: float = field(default=0.05, metadata={
         "help": "refuse the weight update (weights unchanged, counted as weight_refusals) at or below this trust"})
 
@@ -101,9 +104,10 @@ class HgmsArguments:
             raise ValueError("weights_update_interval must be >= 1")
         if not 0 <= self.weights_smoothing < 1:
             raise ValueError("weights_smoothing must be in [0, 1)")
-        if self.hgms_max_grad_ratio <= 1 or self.hgms_max_negative_curvature <= 0 or self.hgms_max_solve_residual <= 0:
-            raise ValueError("hgms_max_grad_ratio must be > 1, hgms_max_negative_curvature and "
-                             "hgms_max_solve_residual > 0")
+        if (self.hgms_max_grad_ratio <= 1 or self.hgms_max_negative_curvature <= 0
+                or self.hgms_max_solve_residual <= 0 or self.hgms_max_newton_gap <= 0):
+            raise ValueError("hgms_max_grad_ratio must be > 1; hgms_max_negative_curvature, hgms_max_solve_residual "
+                             "and hgms_max_newton_gap > 0")
         if self.hgms_select_probes < 1:
             raise ValueError("hgms_select_probes must be >= 1")
 

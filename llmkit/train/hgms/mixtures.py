@@ -82,11 +82,12 @@ def shuffled_answers(records: list[dict], seed: int = 0, fields: tuple[str, str]
     return [{q: records[i][q], a: records[src[i]][a]} for i in range(n)]
 
 
-def random_word_answers(records: list[dict], seed: int = 0,
-                        fields: tuple[str, str] = ("question", "answer")) -> list[dict]:
-    """Each answer replaced by the same number of words drawn uniformly from all the answers' words."""
+def random_word_answers(records: list[dict], seed: int = 0, fields: tuple[str, str] = ("question", "answer"),
+                        words: list[str] | None = None) -> list[dict]:
+    """Each answer replaced by the same number of words drawn uniformly from ``words`` (default: all the
+    answers' words, so the corrupted source keeps the clean one's vocabulary and loses its structure)."""
     q, a = fields
-    pool = [w for r in records for w in str(r[a]).split()]
+    pool = list(words) if words is not None else [w for r in records for w in str(r[a]).split()]
     if not pool:
         raise ValueError("random_word_answers: the answers hold no words")
     rng = random.Random(seed)
@@ -102,8 +103,11 @@ def write_jsonl(records: list[dict], path: str | Path) -> Path:
 
 
 def gsm8k_noisy_mixture(gsm8k_train: str | Path, out_dir: str | Path, n_clean: int = 256, n_noisy: int = 256,
-                        n_target: int = 64, seed: int = 0) -> dict[str, Path]:
-    """Clean GSM8K rows, a disjoint slice with shuffled answers, and a disjoint validation slice (the target)."""
+                        n_target: int = 64, seed: int = 0, corruption: str = "shuffled") -> dict[str, Path]:
+    """Clean GSM8K rows, a disjoint slice with corrupted answers (``shuffled`` across questions, or
+    ``random_words``), and a disjoint validation slice (the target)."""
+    if corruption not in ("shuffled", "random_words"):
+        raise ValueError(f"corruption must be 'shuffled' or 'random_words', got {corruption!r}")
     from llmkit.train.common import load_records
 
     rows = load_records(str(gsm8k_train), "train", "main" if str(gsm8k_train) == "openai/gsm8k" else None)
@@ -116,5 +120,6 @@ def gsm8k_noisy_mixture(gsm8k_train: str | Path, out_dir: str | Path, n_clean: i
     clean, noisy, target = pick[:n_clean], pick[n_clean:n_clean + n_noisy], pick[n_clean + n_noisy:]
     out = Path(out_dir)
     return {"gsm8k": write_jsonl(clean, out / "gsm8k_clean.jsonl"),
-            "noisy": write_jsonl(shuffled_answers(noisy, seed), out / "gsm8k_shuffled_answers.jsonl"),
+            "noisy": write_jsonl(shuffled_answers(noisy, seed), out / "gsm8k_shuffled_answers.jsonl")
+            if corruption == "shuffled" else write_jsonl(random_word_answers(noisy, seed), out / "gsm8k_random_words.jsonl"),
             "target": write_jsonl(target, out / "gsm8k_validation.jsonl")}

@@ -137,7 +137,8 @@ def make_trainer(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args
                   reference_model=reference, min_trust=hgms_args.hgms_min_trust,
                   trust={"max_grad_ratio": hgms_args.hgms_max_grad_ratio,
                          "max_negative_curvature": hgms_args.hgms_max_negative_curvature,
-                         "max_solve_residual": hgms_args.hgms_max_solve_residual} if hgms_args.hgms_trust else None)
+                         "max_solve_residual": hgms_args.hgms_max_solve_residual,
+                         "max_newton_gap": hgms_args.hgms_max_newton_gap} if hgms_args.hgms_trust else None)
     return trainer, tok, target_rows, heldout_rows
 
 

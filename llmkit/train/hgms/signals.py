@@ -129,7 +129,10 @@ def hgms_signal(model, params: list, batches: list[dict], target: dict, weights:
     info = {"target_loss": hg.outer_loss, "inner_loss": hg.inner_loss, "ritz_max": tmax, "kept": hg.solve.kept,
             "ritz_min_rel": float(theta.min()) / tmax if tmax > 0 else 0.0,
             "solve_residual": hg.solve.solve_residual,
-            "inner_grad_norm": float(hg.inner_grad.norm()), "outer_grad_norm": float(hg.outer_grad.norm())}
+            "inner_grad_norm": float(hg.inner_grad.norm()), "outer_grad_norm": float(hg.outer_grad.norm()),
+            # the Newton decrement's estimate of g - min g on the explored subspace, relative to g
+            "newton_gap": 0.5 * float(hg.inner_grad.double() @ hg.solve.apply(hg.inner_grad).double())
+            / max(abs(hg.inner_loss), 1e-30)}
     if select:
         direction = hg.flat.project(hg.outer_grad).detach().float()
         info["flat_dims"] = int(hg.flat.basis.shape[0])

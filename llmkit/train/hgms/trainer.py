@@ -62,6 +62,7 @@ class WeightController:
         self.refused = 0
         self.inner_grad_ref: float | None = None
         self.inner_grad_ema: float | None = None
+        self.readings: dict[str, float] = {}
 
     # -- state
     def weights_dict(self) -> dict[str, float]:
@@ -93,6 +94,12 @@ class WeightController:
             self.inner_grad_ema = decay * self.inner_grad_ema + (1 - decay) * x
         return self.inner_grad_ema / max(self.inner_grad_ref, 1e-30)
 
+    def smooth(self, name: str, x: float, decay: float = 0.7) -> float:
+        """Moving average of a trust reading: one lucky probe batch must not open the gate."""
+        prev = self.readings.get(name)
+        self.readings[name] = float(x) if prev is None else decay * prev + (1 - decay) * float(x)
+        return self.readings[name]
+
     def observe_odm(self, step: int, counts: list[int], mean_losses: list[float]) -> None:
         self.w = self.exp3.observe(counts, mean_losses)
         self.updates += 1
@@ -114,7 +121,8 @@ class WeightController:
                 "history": self.history, "passes": self.passes, "select_examples": self.select_examples,
                 "update_seconds": self.update_seconds, "updates": self.updates,
                 "source_examples": self.source_examples, "exp3": self.exp3.state() if self.exp3 else None,
-                "refused": self.refused, "inner_grad_ref": self.inner_grad_ref, "inner_grad_ema": self.inner_grad_ema}
+                "refused": self.refused, "inner_grad_ref": self.inner_grad_ref, "inner_grad_ema": self.inner_grad_ema,
+                "readings": self.readings}
 
     def load(self, state: dict) -> None:
         if state.get("names") != self.names or state.get("method") != self.method:
@@ -126,6 +134,7 @@ class WeightController:
         self.updates, self.source_examples = state["updates"], state["source_examples"]
         self.refused = state.get("refused", 0)
         self.inner_grad_ref, self.inner_grad_ema = state.get("inner_grad_ref"), state.get("inner_grad_ema")
+        self.readings = dict(state.get("readings") or {})
         if self.exp3 is not None and state.get("exp3"):
             self.exp3.load(state["exp3"])
 
@@ -300,10 +309,13 @@ def _mixin():
                     self.hgms.info = {"hypergrad_" + n: float(x) for n, x in zip(self.hgms.names, hg)}
                     self.hgms.info.update({f"hgms_{k}": float(v) for k, v in info.items()})
                     if self.trust is not None:  # every process must reach the same trust: reduce its inputs
-                        gn, neg, res = self._reduce_mean(torch.tensor(
-                            [info["inner_grad_norm"], -info["ritz_min_rel"], info["solve_residual"]],
-                            dtype=torch.float64)).tolist()
-                        t = hgms_trust(self.hgms.grad_ratio(gn), neg, res, **self.trust)
+                        gn, neg, res, gap = self._reduce_mean(torch.tensor(
+                            [info["inner_grad_norm"], -info["ritz_min_rel"], info["solve_residual"],
+                             info["newton_gap"]], dtype=torch.float64)).tolist()
+                        c = self.hgms
+                        t = hgms_trust(c.grad_ratio(gn), c.smooth("negative_curvature", max(neg, 0.0)),
+                                       c.smooth("solve_residual", res), newton_gap=c.smooth("newton_gap", gap),
+                                       **self.trust)
                         self.hgms.info.update({f"hgms_{k}": v for k, v in t.items()})
                         trust = t["trust"]
                     if self.select_lr > 0:

@@ -67,8 +67,9 @@ def hgms_score(hypergrad: torch.Tensor) -> torch.Tensor:
     return -torch.as_tensor(hypergrad, dtype=torch.float64)
 
 
-def hgms_trust(grad_ratio: float, negative_curvature: float, solve_residual: float, *, max_grad_ratio: float = 2.0,
-               max_negative_curvature: float = 0.5, max_solve_residual: float = 1.0) -> dict[str, float]:
+def hgms_trust(grad_ratio: float, negative_curvature: float, solve_residual: float, *, newton_gap: float = 0.0,
+               max_grad_ratio: float = 2.0, max_negative_curvature: float = 0.5, max_solve_residual: float = 1.0,
+               max_newton_gap: float = 0.1) -> dict[str, float]:
     """How much to believe one hypergradient, in [0, 1] (the weight step is multiplied by it).
 
     The hypergradient is the derivative through the inner solution; it describes the current iterate
@@ -81,6 +82,9 @@ def hgms_trust(grad_ratio: float, negative_curvature: float, solve_residual: flo
       positive semidefinite Hessian; at ``max_negative_curvature`` the point is a saddle region: 0.
     * ``solve_residual``: ||H x - P b|| / ||P b|| of the Krylov solve; at ``max_solve_residual`` (1 is
       no better than x = 0) the Hessian model explains nothing: 0.
+    * ``newton_gap``: (1/2) grad g^T H^+ grad g / g, the Newton decrement's estimate of how much of the
+      inner loss one Newton step would still remove (on the explored subspace): the standard measure
+      of distance to a minimizer. At ``max_newton_gap`` the iterate is plainly not near one: 0.
     """
     def ramp(x: float, bad: float, good: float) -> float:
         if not math.isfinite(x):
@@ -89,8 +93,10 @@ def hgms_trust(grad_ratio: float, negative_curvature: float, solve_residual: flo
 
     parts = {"trust_stationarity": ramp(grad_ratio, max_grad_ratio, 1.0),
              "trust_curvature": ramp(max(negative_curvature, 0.0), max_negative_curvature, 0.0),
-             "trust_solve": ramp(solve_residual, max_solve_residual, 0.0)}
-    parts["trust"] = parts["trust_stationarity"] * parts["trust_curvature"] * parts["trust_solve"]
+             "trust_solve": ramp(solve_residual, max_solve_residual, 0.0),
+             "trust_newton": ramp(max(newton_gap, 0.0), max_newton_gap, 0.0)}
+    parts["trust"] = (parts["trust_stationarity"] * parts["trust_curvature"] * parts["trust_solve"]
+                      * parts["trust_newton"])
     return parts
 
 
