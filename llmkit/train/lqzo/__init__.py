@@ -21,9 +21,8 @@ coordinates), so a scale keeps its sign and a large step cannot zero it for good
 mode (MeZO's choice: with dropout, the two passes of a pair would see different masks). No perturbation is
 stored (MeZO's seed trick), no optimizer state.
 
-The QZO baseline (``--zo_method qzo``) is QZO as its paper defines it: full-rank Gaussian ``s +- mu z``
-(additive), each ``d_k`` clipped to ``[-C, C]``, ``s <- max(s - lr mean_k d_k z_k, 0)``
-(``--zo_scale_mode add``).
+The QZO baseline (``--zo_method qzo``, ``--zo_scale_mode add``) is QZO as its paper defines it: full-rank
+Gaussian ``s +- mu z`` (additive), each ``d_k`` clipped to ``[-C, C]``, ``s <- max(s - lr mean_k d_k z_k, 0)``.
 
 Deviations, and why:
 * LQZO's scales are perturbed multiplicatively and updated on ``log s`` (``--zo_scale_mode log``):
@@ -38,7 +37,7 @@ Deviations, and why:
   Gaussian), so the estimator stays unbiased for the smoothed loss up to O(mu^2); the paper's exact
   normalization is not given in the abstract. Because the normalizations differ between methods in
   general, a comparison must tune the step size per method: ``bench/lqzo.py`` sweeps it on a validation
-  split for each method and bit-width (``benchlib.tuned_runs``).
+  split for each method and bit-width (results: bench/results/lqzo_quick.md).
 """
 
 from llmkit.train.lqzo.config import PRESETS, ZO_METHODS, LQZOArguments, LQZOConfig
