@@ -30,18 +30,14 @@ role is the last unit and joins last: its share of the shared matrix's
 gradient (through the embedding lookup) is cut while lambda_e = 0 and scaled
 by lambda_e on its ramp (a gradient-level homotopy for that role, since the
 one tensor has one update; ``controller.py`` says why we do not untie). Under DDP frozen units still run
-backward because DDP needs a fixed set of parameters with gradients; their
-gradients are dropped before the Trainer takes the global norm, so
-``max_grad_norm`` clips over the units that update only. DeepSpeed/FSDP
-(sharded parameters) are refused. The homotopy is kept as update scaling rather
-than per-unit learning-rate groups (the same update for AdamW): it works with
-any optimizer and schedule the Trainer builds and skips frozen units' state
-(``controller.py`` says why).
+backward (DDP needs a fixed set of parameters with gradients); their gradients are dropped before the
+Trainer takes the global norm, so ``max_grad_norm`` clips over the units that update only. DeepSpeed/FSDP
+(sharded parameters) are refused. The homotopy is update scaling rather than per-unit learning-rate groups
+(the same update for AdamW): it works with any optimizer and schedule the Trainer builds and skips frozen
+units' state (``controller.py`` says why).
 
-Use: ``HaloSFTTrainer`` / ``HaloGKDTrainer`` (``trainer.py``) or attach a
-``HaloCallback`` to any transformers Trainer; the CLI recipe is ``recipe.py``. The comparison
-against the baselines (learning-rate sweep per schedule and size, seeds, training sizes, forgetting,
-statistics) is ``experiment.py``, driven by ``bench/halo.py``.
+Use: ``HaloSFTTrainer`` / ``HaloGKDTrainer`` (``trainer.py``), or a ``HaloCallback`` on any transformers
+Trainer; the CLI recipe is ``recipe.py``. ``bench/halo.py`` compares it with the baselines (bench/results/halo.md).
 """
 
 from llmkit.train.halo.controller import HaloController, optimizer_state_bytes
