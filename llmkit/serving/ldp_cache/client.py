@@ -14,29 +14,24 @@ One query, in order (see :mod:`.scheduler` for why each step is private):
 A failure before anything reached the upstream refunds the query part; any other
 failure keeps the whole reservation (the upstream may have seen the query).
 
-What leaves the device, and what did before (issue 23):
-  - assistant turns: earlier assistant messages are answers to private queries (they
-    often restate them). They used to go upstream *unperturbed* and outside the cache key.
-    Now ``assistant_turns="drop"`` (the default) sends none of them, and
-    ``assistant_turns="perturb"`` perturbs them like user text (charged like it, and part
-    of the cache key, since they then shape the answer);
-  - length: the token mechanism releases the number of word pieces; give it a
-    ``length_bucket`` (:mod:`.mechanism`) to release only the bucket. The candidate
-    mechanism (:mod:`.sentence`) releases a public string and no length;
-  - the hit/miss pattern (whether a request is sent at all) is the scheduler's
-    randomized-response bit, charged per query; the message count is public (dropped
-    assistant turns are not counted; non-assistant messages are sent one for one);
-  - everything else (issue 32): a sent message is ``{"role", "content"}`` and nothing more
-    (``name``, ``tool_calls``, ``tool_call_id`` and any other key stay on the device: they
-    are private text the mechanism never saw), and only the request fields in
-    ``UPSTREAM_PARAMS`` go upstream: the model name and sampling numbers, type-checked so
-    that no text rides in them; ``stop`` strings, tools, response formats, logit biases are
-    refused here (the proxy drops them and says so);
-  - a sentence-level mechanism (one that releases a public candidate, :mod:`.sentence`)
-    releases the whole conversation once: the upstream gets one user message, the
-    candidate nearest to all the perturbed messages together, charged one query epsilon.
-    Released message by message, a system prompt would be replaced by a random question
-    of the bank and charged a second time.
+What leaves the device:
+  - assistant turns (answers to private queries, which often restate them): none with
+    ``assistant_turns="drop"`` (the default); ``"perturb"`` perturbs them like user text
+    (charged like it, and part of the cache key, since they then shape the answer);
+  - length: the token mechanism releases the number of word pieces, or only its bucket with
+    ``length_bucket`` (:mod:`.mechanism`); the candidate mechanism (:mod:`.sentence`) releases a
+    public string and no length;
+  - the hit/miss pattern is the scheduler's randomized-response bit, charged per query; the
+    message count is public (dropped assistant turns are not counted);
+  - nothing else: a sent message is ``{"role", "content"}`` (``name``, ``tool_calls``,
+    ``tool_call_id`` and any other key stay on the device: private text the mechanism never saw),
+    and only the request fields in ``UPSTREAM_PARAMS`` go upstream (the model name and sampling
+    numbers, type-checked so that no text rides in them); ``stop`` strings, tools, response
+    formats and logit biases are refused here (the proxy drops them and says so);
+  - a sentence-level mechanism (one that releases a public candidate, :mod:`.sentence`) releases
+    the whole conversation once: one user message, the candidate nearest to all the perturbed
+    messages together, charged one query epsilon (message by message, a system prompt would be
+    replaced by a random question of the bank and charged a second time).
 ``epsilon=`` on :meth:`LDPCache.ask_messages` fixes the query part of a cloud call in
 advance (split evenly over the perturbed messages): the fixed-budget allocation of
 :mod:`.budget` decides it from public facts before each query.
