@@ -1,52 +1,40 @@
 """The OpenAI-compatible HTTP server over a streaming engine.
 
-``build_app(engine, ServerConfig(...))`` returns a FastAPI app serving
-``/v1/chat/completions``, ``/v1/completions`` (``n``, ``temperature``,
-``top_p``, ``max_tokens``, ``stop``, ``seed``, ``stream``; ``top_k``, ``min_p``,
-``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``;
-``logprobs``/``top_logprobs`` on chat, ``logprobs``/``echo`` on completions;
-``response_format`` json_object/json_schema by grammar-constrained decoding
-(xgrammar on the transformers engine, vLLM's structured outputs on vLLM);
-``tools``/``tool_choice`` with the answer parsed into ``tool_calls``, streamed
-as ``tool_calls`` deltas once the answer is complete; a forced ``tool_choice``
-(``required`` or a named function) constrains the answer to one call's JSON),
-``/v1/models`` (the model and each LoRA adapter the engine loaded; a request's
-``model`` picks the adapter), ``/health`` and ``/metrics`` (llmkit's names and
-vLLM's). vLLM's extra request fields are honoured on both engines, and
-``/tokenize``, ``/detokenize`` and ``/version`` answer as vLLM's server does, so
-vLLM's own clients (``vllm bench serve``) work unchanged. A field the server
-cannot honour is a 400 naming it (protocol.py).
+``build_app(engine, ServerConfig(...))`` returns a FastAPI app serving ``/v1/chat/completions``,
+``/v1/completions`` (``n``, ``temperature``, ``top_p``, ``max_tokens``, ``stop``, ``seed``, ``stream``;
+``top_k``, ``min_p``, ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``;
+``logprobs``/``top_logprobs`` on chat, ``logprobs``/``echo`` on completions; ``response_format``
+json_object/json_schema by grammar-constrained decoding (xgrammar on the transformers engine, vLLM's
+structured outputs on vLLM); ``tools``/``tool_choice`` with the answer parsed into ``tool_calls``, streamed as
+``tool_calls`` deltas once the answer is complete; a forced ``tool_choice`` (``required`` or a named function)
+constrains the answer to one call's JSON), ``/v1/models`` (the model and each LoRA adapter the engine loaded;
+a request's ``model`` picks the adapter), ``/health`` and ``/metrics`` (llmkit's names and vLLM's). vLLM's
+extra request fields are honoured on both engines, and ``/tokenize``, ``/detokenize`` and ``/version`` answer
+as vLLM's server does, so vLLM's own clients (``vllm bench serve``) work unchanged. A field the server cannot
+honour is a 400 naming it (protocol.py).
 
-Chat prompts are tokenized with ``engine.encode_chat``: message content is
-text, so a special-token string typed into a message never becomes a control
-token (``llmkit.generation.encode_chat``). The app starts the engine's background loop
-(``engine.start_streaming``) on startup and stops it on shutdown, after
-uvicorn has let in-flight requests finish.
+Chat prompts are tokenized with ``engine.encode_chat``: message content is text, so a special-token string
+typed into a message never becomes a control token (``llmkit.generation.encode_chat``). The app starts the
+engine's background loop (``engine.start_streaming``) on startup and stops it on shutdown, after uvicorn has
+let in-flight requests finish.
 
-Limits hold before memory or CPU is spent. A body is refused by its
-``Content-Length`` (413) before any of it is read, and a chunked body stops
-being read once it passes ``max_body_bytes`` (or ``body_timeout_s`` passes:
-408). The parsed request then takes its concurrency slots before anything
-costly (tokenizing, JSON-schema checks, grammar compilation): ``max_concurrency``
-counts sequences, prompts x ``n``, so one request asking for more than the
-whole limit gets 400 naming it, and one that would exceed what is free gets
-429 (with ``Retry-After``) at once rather than waiting unboundedly. Each choice is one engine
-sequence; their events arrive on the engine thread and are handed to the
-event loop. A client that leaves (mid-stream or while waiting) has its
-sequences cancelled and its slot freed.
+Limits hold before memory or CPU is spent. A body is refused by its ``Content-Length`` (413) before any of it
+is read, and a chunked body stops being read once it passes ``max_body_bytes`` (or ``body_timeout_s`` passes:
+408). The parsed request then takes its concurrency slots before anything costly (tokenizing, JSON-schema
+checks, grammar compilation): ``max_concurrency`` counts sequences, prompts x ``n``, so one request asking for
+more than the whole limit gets 400 naming it, and one that would exceed what is free gets 429 (with
+``Retry-After``) at once rather than waiting unboundedly. Each choice is one engine sequence; their events
+arrive on the engine thread and are handed to the event loop. A client that leaves (mid-stream or while
+waiting) has its sequences cancelled and its slot freed.
 
-Guard hook (``ServerConfig.guard``): after each choice is complete,
-``guard.check(engine, messages, text)`` scores it. With
-``ServerConfig.guard_prefill`` the prompt's share of the guard's pass starts
-in a worker thread when the request arrives (``guard.prefill``) and the check
-runs only the response tokens; ``annotate`` adds the
-verdict to the choice, ``block`` replaces a flagged answer with a refusal
-(finish_reason ``content_filter``), ``correct`` replaces it with
-``guard.correct(engine, messages, params)`` and checks the new answer too: kept
-when the guard passes it, else refused as ``block`` would; the verdict's
-``correction`` says which (``outcome``: corrected | refused | failed, and the new
-answer's score). With block/correct a streamed answer is held back until it has
-been checked.
+Guard hook (``ServerConfig.guard``): after each choice is complete, ``guard.check(engine, messages, text)``
+scores it. With ``ServerConfig.guard_prefill`` the prompt's share of the guard's pass starts in a worker
+thread when the request arrives (``guard.prefill``) and the check runs only the response tokens; ``annotate``
+adds the verdict to the choice, ``block`` replaces a flagged answer with a refusal (finish_reason
+``content_filter``), ``correct`` replaces it with ``guard.correct(engine, messages, params)`` and checks the
+new answer too: kept when the guard passes it, else refused as ``block`` would; the verdict's ``correction``
+says which (``outcome``: corrected | refused | failed, and the new answer's score). With block/correct a
+streamed answer is held back until it has been checked.
 """
 
 from __future__ import annotations
