@@ -1,54 +1,41 @@
 """Continuously batched streaming generation over a transformers model (the serving path of ``HFEngine``).
 
-Requests wait in a queue. The engine thread keeps one running batch and,
-before every decode step, admits whatever arrived meanwhile (up to
-``max_batch_size`` rows in all): the newcomers are prefilled together, their
-first token is sampled, and their ``DynamicCache`` rows are merged into the
-running cache (both sides left-padded with masked zeros to the same length),
-so they decode with the rows already running from the next step on. Rows
-that finish or whose client leaves are dropped from the batch and from the
-cache at once, and leading cache columns that no remaining row attends to
-are cut off. The default cache's layers keep spare columns (``new_cache``):
-a decode step writes its column in place instead of copying the whole cache.
+Requests wait in a queue. The engine thread keeps one running batch and, before every decode step, admits
+whatever arrived meanwhile (up to ``max_batch_size`` rows in all): the newcomers are prefilled together, their
+first token is sampled, and their ``DynamicCache`` rows are merged into the running cache (both sides
+left-padded with masked zeros to the same length), so they decode with the rows already running from the next
+step on. Rows that finish or whose client leaves are dropped from the batch and from the cache at once, and
+leading cache columns that no remaining row attends to are cut off. The default cache's layers keep spare
+columns (``new_cache``): a decode step writes its column in place instead of copying the whole cache.
 
-The batch runs its own decode loop rather than ``model.generate``: every row
-keeps its own sampling parameters (temperature, top_p, seed through a
-per-row ``torch.Generator``, max_tokens, stop strings) and text streams out
-after every step. Positions come from the attention mask (as in
-``generate``); prefill computes the logits of the last position only.
+The batch runs its own decode loop rather than ``model.generate``: every row keeps its own sampling parameters
+(temperature, top_p, seed through a per-row ``torch.Generator``, max_tokens, stop strings) and text streams
+out after every step. Positions come from the attention mask (as in ``generate``); prefill computes the logits
+of the last position only.
 
-With ``engine.cache_factory`` set (e.g. InQuant), the KV cache is the
-factory's. A cache whose ``rows_mergeable`` is true (InQuant with per-token
-groups and a calibration: its layers implement ``cut_left`` and
-``merge_rows``) is batched continuously like the default cache. Any other
-factory cache need not support removing or merging rows: then a batch
-runs to its end with finished rows kept (masked out of the output), and new
-requests wait for the next batch (static batching).
+With ``engine.cache_factory`` set (e.g. InQuant), the KV cache is the factory's. A cache whose
+``rows_mergeable`` is true (InQuant with per-token groups and a calibration: its layers implement ``cut_left``
+and ``merge_rows``) is batched continuously like the default cache. Any other factory cache need not support
+removing or merging rows: then a batch runs to its end with finished rows kept (masked out of the output), and
+new requests wait for the next batch (static batching).
 
-Per row the sampler also applies the OpenAI/vLLM extras: ``repetition_penalty``
-(HF's rule, over prompt and generated tokens), ``presence_penalty`` and
-``frequency_penalty`` (OpenAI's rule, over generated tokens), ``top_k``, ``min_p``,
-and a grammar (``StreamRequest.grammar``, an xgrammar ``CompiledGrammar`` for
-``response_format`` / forced tool calls): its token mask is applied before
-sampling, so the answer is valid by construction. ``params.logprobs`` and
-``params.prompt_logprobs`` report the model's own (raw, unpenalized)
-log-probabilities, as vLLM does by default. With LoRA adapters loaded
-(``HFEngine.load_adapters``), every forward passes ``adapter_names`` per row
-(PEFT's mixed-adapter batches), so requests for different adapters and the
-base model share one batch.
+Per row the sampler also applies the OpenAI/vLLM extras: ``repetition_penalty`` (HF's rule, over prompt and
+generated tokens), ``presence_penalty`` and ``frequency_penalty`` (OpenAI's rule, over generated tokens),
+``top_k``, ``min_p``, and a grammar (``StreamRequest.grammar``, an xgrammar ``CompiledGrammar`` for
+``response_format`` / forced tool calls): its token mask is applied before sampling, so the answer is valid by
+construction. ``params.logprobs`` and ``params.prompt_logprobs`` report the model's own (raw, unpenalized)
+log-probabilities, as vLLM does by default. With LoRA adapters loaded (``HFEngine.load_adapters``), every
+forward passes ``adapter_names`` per row (PEFT's mixed-adapter batches), so requests for different adapters
+and the base model share one batch.
 
-vLLM's own request extras are honoured per row with vLLM's meanings:
-``ignore_eos`` (EOS is an ordinary token), ``min_tokens`` (EOS and
-``stop_token_ids`` get no probability, and stop strings are not looked for,
-until that many tokens exist), ``stop_token_ids`` (end like EOS),
-``include_stop_str_in_output``, ``skip_special_tokens`` and
-``spaces_between_special_tokens`` (``TextStream``'s decoding).
+vLLM's own request extras are honoured per row with vLLM's meanings: ``ignore_eos`` (EOS is an ordinary
+token), ``min_tokens`` (EOS and ``stop_token_ids`` get no probability, and stop strings are not looked for,
+until that many tokens exist), ``stop_token_ids`` (end like EOS), ``include_stop_str_in_output``,
+``skip_special_tokens`` and ``spaces_between_special_tokens`` (``TextStream``'s decoding).
 
-``greedy_generate`` is the same decode loop without streaming, used by
-``HFEngine.generate`` for greedy requests (evals): it gives ``generate()``'s
-text, stops each row at EOS, ``max_new_tokens`` or (once it is certain) a
-stop string, and drops finished rows instead of carrying them to the end of
-the batch.
+``greedy_generate`` is the same decode loop without streaming, used by ``HFEngine.generate`` for greedy
+requests (evals): it gives ``generate()``'s text, stops each row at EOS, ``max_new_tokens`` or (once it is
+certain) a stop string, and drops finished rows instead of carrying them to the end of the batch.
 """
 
 from __future__ import annotations
