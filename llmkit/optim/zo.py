@@ -3,14 +3,13 @@
 Papers (NeurIPS 2026):
 
 * **RSC-ZO** ("Robust Scalar-Clipped Zeroth-Order method" for heavy-tailed noise, NeurIPS 2026): a two-point
-  estimator that clips each *scalar* directional derivative before aggregation, which keeps
-  high-probability convergence when the sample-gradient noise is heavy-tailed (possibly infinite
-  variance); a momentum variant is analysed too.
-* **LQZO** ("Low-rank Quantized Zeroth-Order optimizer" for quantized LLM finetuning, NeurIPS 2026): perturbations of
-  each (scale) matrix are low-rank ``U V^T`` with Rademacher ("binary-aggregated Gaussian") factors,
-  and matrices are regrouped into a more isotropic shape before factorization.
-* Anchors: MeZO (in-place perturbation regenerated from a seed, projected gradient
-  ``(l+ - l-) / 2 mu``, no optimizer state) and LOZO (low-rank perturbations, V resampled lazily).
+  estimator that clips each *scalar* directional derivative before aggregation, which keeps high-probability
+  convergence under heavy-tailed (possibly infinite-variance) gradient noise; a momentum variant too.
+* **LQZO** ("Low-rank Quantized Zeroth-Order optimizer" for quantized LLM finetuning, NeurIPS 2026): perturbations
+  of each (scale) matrix are low-rank ``U V^T`` with Rademacher ("binary-aggregated Gaussian") factors, and
+  matrices are regrouped into a more isotropic shape before factorization.
+* Anchors: MeZO (in-place perturbation regenerated from a seed, projected gradient ``(l+ - l-) / 2 mu``, no
+  optimizer state) and LOZO (low-rank perturbations, V resampled lazily).
 
 Algorithm (one step, ``q`` directions)::
 
@@ -19,43 +18,27 @@ Algorithm (one step, ``q`` directions)::
                      d_k = clip(d_k, -c, c)             # RSC-ZO / QZO; c = None: no clipping
     g_hat = (1/q) sum_k d_k z_k ;  x <- x - lr * g_hat
 
-With Gaussian ``z`` and no clipping, ``E[g_hat] = grad L_mu(x)`` exactly, where ``L_mu(x) = E L(x + mu u)``
-is the Gaussian-smoothed loss (Stein's identity, the symmetric difference keeps it exact); any ``z`` with
-``E[z z^T] = I`` gives the same first-order expectation up to ``O(mu^2)``.
+With Gaussian ``z`` and no clipping ``E[g_hat] = grad L_mu(x)``, the gradient of the Gaussian-smoothed loss
+(Stein's identity); any ``z`` with ``E[z z^T] = I`` gives the same expectation up to ``O(mu^2)``.
 
-Public pieces:
+Public pieces: ``rsc_zo_gradient(loss_fn, params, num_directions, mu, clip)`` (the estimate, params perturbed in
+place and restored bit-exactly); ``RSCZO`` (an optimizer with RSC-ZO's momentum, ``step(closure)`` with a
+loss-only closure); ``direction(shape, seed, ...)`` (iid Gaussian / Rademacher, or low-rank ``U V^T / sqrt(r)``
+with unit-variance entries, optionally on ``isotropic_shape``); ``SeedZO``, MeZO's seed trick over any list of
+tensors: ``estimate`` returns the q projected derivatives and ``update`` applies ``x -= lr * mean_k d_k z_k``
+regenerating each ``z_k``. A tensor is perturbed additively (``add_nonneg`` also projects onto ``x >= 0``,
+QZO's rule for its scales) or multiplicatively (``x * (1 + mu z)``, a step on ``log |x|``, for quantization
+scales spanning decades: a scale never dies); restore is exact (a copy, cheap for scales) or MeZO's
+regenerate-and-subtract (no copy, a few ulps of drift per step).
 
-* ``rsc_zo_gradient(loss_fn, params, num_directions, mu, clip)``: the estimate as a list of tensors
-  shaped like ``params``; ``loss_fn()`` is evaluated at the params' current values; params are
-  perturbed in place and restored bit-exactly (from a copy held during the call).
-* ``RSCZO``: a ``torch.optim.Optimizer`` over that estimate, with RSC-ZO's momentum variant
-  (``m <- beta m + (1 - beta) g_hat``; ``x <- x - lr m``); ``step(closure)`` with a closure that only
-  returns the loss (no backward).
-* ``direction(shape, seed, ...)``: one perturbation tensor: iid Gaussian / Rademacher entries, or
-  low-rank ``U V^T / sqrt(r)`` (each entry then has mean 0 and variance 1, so ``E[z z^T] = I`` still
-  holds), optionally on the isotropic regrouping ``isotropic_shape``.
-* ``SeedZO``: the memory-lean engine for big models (MeZO's seed trick) over any list of tensors:
-  ``estimate(loss_fn, step)`` returns the q projected derivatives, ``update(step, d, lr, wd)`` applies
-  ``x -= lr * mean_k d_k z_k`` regenerating each ``z_k``. Each tensor is perturbed additively
-  (``x + mu z``; ``add_nonneg`` also projects onto ``x >= 0`` after each update, QZO's rule for its scales) or
-  multiplicatively (``x * (1 + mu z)``: ZO coordinates relative to the current value, used for quantization
-  scales whose magnitudes span decades; the update is a step on ``log |x|``, so a scale never dies). Restore is exact (a copy of the
-  perturbed tensors held for the step, cheap when they are the scales) or MeZO's regenerate-and-subtract
-  (no copy, a few ulps of drift per step).
-
-Isotropy-enhanced regrouping (LQZO's third piece; the abstract gives no formula, this is our reading).
-A group-wise scale matrix is very elongated: a 576 x 1536 linear with 64-wide groups has a 576 x 24
-scale matrix, and at rank r the random factor on the short side spans most of its 24 directions while
-the long side gets only r of its 576. For a fixed gradient G, the low-rank directional derivative
-``<U V^T, G>`` is a sum of r terms ``u^T G v`` whose fourth moment is
-``3 (||G||_F^4 + 2 ||G^T G||_F^2)`` (Gaussian factors), i.e. its excess kurtosis grows with
-``||G^T G||_F^2 / ||G||_F^4``, which for a generic m x n matrix is about ``1/m + 1/n``: dominated by the
-short side. ``isotropic_shape`` therefore regroups the matrix, keeping whole rows together, into the
-``(m / k, k n)`` shape closest to square (k a divisor of m). The perturbation keeps ``E[z z^T] = I``
-(unbiased), while the projected derivative gets closer to the isotropic Gaussian's (kurtosis 3), so the
-estimator's variance drops; tests/test_optim_zo.py measures both. Deviation: the paper may regroup
-differently (e.g. by permuting groups); we chose the reshape because it is free (a view) and its effect
-is measurable.
+Isotropy-enhanced regrouping (LQZO's third piece; the abstract gives no formula, this is our reading). A
+group-wise scale matrix is very elongated, and at rank r the random factor on its short side spans most of
+it while the long side gets only r directions. The low-rank directional derivative ``<U V^T, G>`` has excess
+kurtosis growing with ``||G^T G||_F^2 / ||G||_F^4``, about ``1/m + 1/n`` for a generic m x n matrix:
+dominated by the short side. ``isotropic_shape`` regroups the matrix, whole rows together, into the
+``(m / k, k n)`` shape closest to square, which keeps ``E[z z^T] = I`` (unbiased) while bringing the projected
+derivative closer to Gaussian, so the variance drops (tests/test_optim_zo.py checks both). Deviation: the
+paper may regroup differently (e.g. by permuting groups); the reshape is free (a view).
 """
 
 from __future__ import annotations
