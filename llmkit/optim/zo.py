@@ -36,9 +36,8 @@ group-wise scale matrix is very elongated, and at rank r the random factor on it
 it while the long side gets only r directions. The low-rank directional derivative ``<U V^T, G>`` has excess
 kurtosis growing with ``||G^T G||_F^2 / ||G||_F^4``, about ``1/m + 1/n`` for a generic m x n matrix:
 dominated by the short side. ``isotropic_shape`` regroups the matrix, whole rows together, into the
-``(m / k, k n)`` shape closest to square, which keeps ``E[z z^T] = I`` (unbiased) while bringing the projected
-derivative closer to Gaussian, so the variance drops (tests/test_optim_zo.py checks both). Deviation: the
-paper may regroup differently (e.g. by permuting groups); the reshape is free (a view).
+``(m / k, k n)`` shape closest to square: still unbiased, the projected derivative closer to Gaussian, so the
+variance drops (tests/test_optim_zo.py checks both). The paper may regroup otherwise; a reshape is free.
 """
 
 from __future__ import annotations
