@@ -1,67 +1,42 @@
 """IHEval (Zhang et al., NAACL 2025, arXiv 2502.08745): does a model follow the instruction hierarchy?
 
-Data: IHEval's ``benchmark/`` folder, read in place (CC BY-NC-ND 4.0: never
-copied): a local folder, or by default the hub dataset ``zhihz0535/IHEval`` (the authors'
-copy; its ``iheval/`` folder is the same tree, fetched with ``huggingface_hub``). Layout ``<category>/<task>/<setting>/<variant>/input_data.json`` with
-setting in reference / aligned / conflict; 9 tasks:
+Data: IHEval's ``benchmark/`` folder, read in place (CC BY-NC-ND 4.0: never copied): a local folder, or by
+default the hub dataset ``zhihz0535/IHEval`` (the authors' copy; its ``iheval/`` folder is the same tree,
+fetched with ``huggingface_hub``). Layout ``<category>/<task>/<setting>/<variant>/input_data.json`` with
+setting in reference / aligned / conflict. Nine tasks and their per-example metric (strict; loose):
+rule-following single-turn and multi-turn (IFEval instruction checks, lm-eval's code); task-execution
+verb-extract (word F1, punctuation-free, lower case), translation (ROUGE-L F1, rouge-score, no stemming) and
+lang-detect (accuracy of ``{"language": ...}`` JSON); safety user-prompt-hijack and system-prompt-extract
+(Tensor Trust accuracy, ``score_tensortrust``); tool-use get-webpage (the task-execution metric of each row)
+and slack-user (exact match of the shortest user name).
 
-=================  =====================  ==========================================
-category           task                   per-example metric (strict; loose)
-=================  =====================  ==========================================
-rule-following     single-turn            IFEval instruction checks (lm-eval's code)
-rule-following     multi-turn             IFEval instruction checks
-task-execution     verb-extract           word F1 (punctuation-free, lower case)
-task-execution     translation            ROUGE-L F1 (rouge-score, no stemming)
-task-execution     lang-detect            accuracy of ``{"language": ...}`` JSON
-safety             user-prompt-hijack     Tensor Trust accuracy (see ``score_tensortrust``)
-safety             system-prompt-extract  Tensor Trust accuracy
-tool-use           get-webpage            the task-execution metric of each row
-tool-use           slack-user             exact match of the shortest user name
-=================  =====================  ==========================================
+Scoring and averaging follow the benchmark's own scripts (``src/`` of ytyz1307zzh/IHEval, read, not copied):
+per example, strict and "loose" scores (loose = the best score over the response with its first and/or last
+line removed and/or ``*`` deleted; the tasks whose script has no loose mode score strict only), rounded to 2
+decimals. Per variant file: rule-following = mean(prompt-level strict, instruction-level strict, prompt-level
+loose, instruction-level loose); others = mean(strict mean, loose mean) (strict mean alone where there is no
+loose). Per task and setting: mean over the setting's variant files. Overall per setting: mean over the tasks.
+``diff_aligned`` / ``diff_conflict`` = overall aligned / conflict minus overall reference.
 
-Scoring and averaging follow the benchmark's own scripts (``src/`` of
-ytyz1307zzh/IHEval, read, not copied): per example, strict and "loose" scores
-(loose = the best score over the response with its first and/or last line
-removed and/or ``*`` deleted; the tasks whose script has no loose mode score
-strict only), rounded to 2 decimals. Per variant file: rule-following =
-mean(prompt-level strict, instruction-level strict, prompt-level loose,
-instruction-level loose); others = mean(strict mean, loose mean) (strict mean
-alone where there is no loose). Per task and setting: mean over the setting's
-variant files. Overall per setting: mean over the tasks. ``diff_aligned`` /
-``diff_conflict`` = overall aligned / conflict minus overall reference.
+Reference scores of translation, verb-extract and get-webpage combine the answer to the (separately asked)
+user/tool instruction with the answer to each data item, as the benchmark's ``calc_reference_score`` does
+(prefixes ``español:`` / ``Verbs:`` removed; joined by a newline for translation and ", " for verb
+extraction), once with the strong and once with the weak instruction. That script only prints these four
+numbers; the released code does not say which "average" feeds the aggregate. We take mean(strong strict, strong
+loose, weak strict, weak loose), mirroring how the aligned setting averages its strong and weak variants.
+get-webpage's reference is the benchmark's weighted mean of its verb-extract, translation and lang-detect parts.
 
-Reference scores of translation, verb-extract and get-webpage combine the
-answer to the (separately asked) user/tool instruction with the answer to each
-data item, as the benchmark's ``calc_reference_score`` does (prefixes
-``español:`` / ``Verbs:`` removed; instruction and data joined by a newline
-for translation and ", " for verb extraction), once with the strong and once
-with the weak instruction. That script only prints these four numbers; the
-"average" it feeds to the aggregate is not in the released code. We take
-mean(strong strict, strong loose, weak strict, weak loose), which mirrors how
-the aligned setting averages its strong and weak variants. get-webpage's
-reference is the benchmark's weighted mean of its verb-extract, translation
-and lang-detect parts.
+Prompts: messages as the benchmark's runner builds them: system (skipped when the file has ``system: null``;
+the runner would send the string "None"), the conversation history as alternating user/assistant turns, the
+instruction as the last user turn; tool tasks append the assistant's tool call and the tool's return (``role:
+tool``) and pass the tool's JSON schema to the chat template when the template knows tools; otherwise the call
+is written as JSON in the assistant turn.
 
-Prompts: messages as the benchmark's runner builds them: system (skipped when
-the file has ``system: null``; the runner would send the string "None"),
-the conversation history as alternating user/assistant turns, the
-instruction as the last user turn; tool tasks append the assistant's tool call
-and the tool's return (``role: tool``) and pass the tool's JSON schema to the
-chat template when the template knows tools; otherwise the call is written
-as JSON in the assistant turn.
-
-API (also used by the AEO guard)::
-
-    from llmkit.evals import iheval
-    iheval.list_tasks(root)                  # [("safety", "user-prompt-hijack"), ...]
-    iheval.list_files(root, "safety/user-prompt-hijack")  # [(setting, variant, path), ...]
-    samples = iheval.load(root, tasks=["safety/user-prompt-hijack"], settings=["conflict"], limit=50)
-    msgs = iheval.build_messages(samples[0])  # chat messages
-    iheval.score_response(samples[0], "Access Granted")  # {"strict": 0.0, "loose": 0.0, ...}
-    iheval.aggregate(samples_scores)         # benchmark averaging -> {"conflict": ..., ...}
-
-A sample is a dict with ``category, task, setting, variant, id, system,
-history, instruction, answer, tool`` and ``_source``.
+API (also used by the AEO guard): ``list_tasks(root)``, ``list_files(root, "safety/user-prompt-hijack")``,
+``load(root, tasks=[...], settings=["conflict"], limit=50)`` -> samples (dicts with ``category, task, setting,
+variant, id, system, history, instruction, answer, tool`` and ``_source``), ``build_messages(sample)`` -> chat
+messages, ``score_response(sample, text)`` -> ``{"strict", "loose", ...}``, ``aggregate(samples_scores)`` ->
+the benchmark's averages per setting.
 """
 
 from __future__ import annotations
