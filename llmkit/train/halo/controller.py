@@ -1,59 +1,43 @@
 """Apply per-unit weights lambda_k to an optimizer that holds every unit from the start.
 
-Why update scaling rather than gradient scaling: Adam-type optimizers divide
-by the gradient's running RMS, so multiplying a gradient by lambda barely
-changes the step, and decoupled weight decay moves a parameter even when its
-gradient is zero. Scaling the *update* works for any optimizer:
+Why update scaling rather than gradient scaling: Adam-type optimizers divide by the gradient's running RMS, so
+multiplying a gradient by lambda barely changes the step, and decoupled weight decay moves a parameter even
+when its gradient is zero. Scaling the *update* works for any optimizer:
 
     theta_k <- theta_k + lambda_k(t) * (optimizer_step(theta_k) - theta_k)
 
-  * lambda_k = 0: the unit's gradient is set to None before the step, which
-    torch optimizers treat as "skip this parameter": no update, no weight
-    decay, and no optimizer state is ever allocated for it (the memory saving
-    of layer-wise training).
-  * 0 < lambda_k < 1: the unit is snapshotted, stepped, and blended back
-    (only ramping units pay for the snapshot).
-  * lambda_k = 1: untouched, so when every lambda is 1 the step is exactly
-    the plain optimizer's (full finetuning).
+  * lambda_k = 0: the unit's gradient is set to None before the step, which torch optimizers treat as "skip
+    this parameter": no update, no weight decay, and no optimizer state is ever allocated for it (the memory
+    saving of layer-wise training).
+  * 0 < lambda_k < 1: the unit is snapshotted, stepped, and blended back (only ramping units pay for the
+    snapshot).
+  * lambda_k = 1: untouched: with every lambda at 1 the step is the plain optimizer's (full finetuning).
 
-Optionally (``skip_frozen_backward``) units with lambda = 0 get
-``requires_grad=False`` before the forward pass so backpropagation stops at
-the lowest unit that trains -- the compute saving. Under DDP that would break
-the gradient reducer's bookkeeping, so callers turn it off there (gradients
-are then computed and simply discarded).
+Optionally (``skip_frozen_backward``) units with lambda = 0 get ``requires_grad=False`` before the forward
+pass so backpropagation stops at the lowest unit that trains -- the compute saving. Under DDP that would break
+the gradient reducer's bookkeeping, so callers turn it off there (gradients are computed and discarded).
 
-Gradient clipping: the HF Trainer clips the global gradient norm before any
-optimizer-step callback runs. ``drop_frozen_grads`` is therefore called by
-``HaloTrainerMixin`` just before the norm is taken, so the norm (and the
-clipping factor) covers only the units that update; frozen units' gradients
-(present under DDP, after the all-reduce of the last micro-batch) never
-shrink the active units' step. Units on their ramp count in full: their
-gradient is what the optimizer sees, only their update is scaled.
+Gradient clipping: the HF Trainer clips the global gradient norm before any optimizer-step callback runs.
+``drop_frozen_grads`` is therefore called by ``HaloTrainerMixin`` just before the norm is taken, so the norm
+(and the clipping factor) covers only the units that update; frozen units' gradients (present under DDP, after
+the all-reduce of the last micro-batch) never shrink the active units' step. Units on their ramp count in
+full: their gradient is what the optimizer sees, only their update is scaled.
 
-Why not one param group per unit with per-group learning-rate multipliers
-(a LambdaLR), which is the same update for AdamW: it would replace the
-optimizer and scheduler the Trainer (or ``LlmkitOptimTrainerMixin``) builds,
-its decay / no-decay grouping and any user-chosen schedule; it would not
-skip lambda = 0 units by itself (a zero learning rate still allocates
-state), nor fix the clipping above; and for an optimizer whose update is
-not proportional to its learning rate (schedule-free averaging) the two
-differ. Scaling the update keeps one code path for
-every optimizer, at the cost of a snapshot of the ramping units only.
+Why not per-unit param groups with learning-rate multipliers (the same update for AdamW): they would replace
+the optimizer, scheduler and decay grouping the Trainer (or ``LlmkitOptimTrainerMixin``) builds, would not skip
+lambda = 0 units (a zero learning rate still allocates state) nor fix the clipping above, and differ for
+optimizers whose update is not proportional to the learning rate (schedule-free averaging).
 
-Tied LM head / input embedding (SmolLM2, Qwen2.5-0.5B/1.5B, Gemma tie them):
-the one matrix W gets g = g_head + g_lookup. The head role is unit 0 and
-trains from t = 0; the input role is the last unit (``Unit.tied_input``),
-which owns no parameter. A forward hook on the embedding module gates the
-lookup's share: lambda_e = 0 -> the lookup output is detached (W gets g_head
-only, and backprop can stop at the lowest trained layer); 0 < lambda_e < 1 ->
-its gradient is multiplied by lambda_e (W gets g_head + lambda_e g_lookup);
-lambda_e = 1 -> untouched. So the input role joins last, as the order says.
-This is a gradient-level homotopy for that one role (W has a single update,
-which cannot be split by role); untying instead would change the model (a
-second 28M-parameter matrix for SmolLM2-135M, 21% of it, with its Adam
-state) and the comparison with full finetuning of the tied model. W's
-*values* still move from t = 0 through the head's updates: that is what
-tying means.
+Tied LM head / input embedding (SmolLM2, Qwen2.5-0.5B/1.5B, Gemma tie them): the one matrix W gets g = g_head
++ g_lookup. The head role is unit 0 and trains from t = 0; the input role is the last unit
+(``Unit.tied_input``), which owns no parameter. A forward hook on the embedding module gates the lookup's
+share: lambda_e = 0 -> the lookup output is detached (W gets g_head only, and backprop can stop at the lowest
+trained layer); 0 < lambda_e < 1 -> its gradient is multiplied by lambda_e (W gets g_head + lambda_e
+g_lookup); lambda_e = 1 -> untouched. So the input role joins last, as the order says. This is a
+gradient-level homotopy for that one role (W has a single update, which cannot be split by role); untying
+instead would change the model (a second 28M-parameter matrix for SmolLM2-135M, 21% of it, with its Adam
+state) and the comparison with full finetuning of the tied model. W's *values* still move from t = 0 through
+the head's updates: that is what tying means.
 """
 
 from __future__ import annotations
