@@ -289,7 +289,7 @@ class ScriptedEngine(Engine):
 
 
 def test_server_and_guard_pass_tokenize_content_as_text():
-    from llmkit.serving.guard.capture import _encode
+    from llmkit.serving.guard.capture import _pieces
 
     eng = ScriptedEngine(["fine"])
     with BackgroundServer(build_app(eng, ServerConfig(model_name="s"))) as s:
@@ -298,9 +298,9 @@ def test_server_and_guard_pass_tokenize_content_as_text():
     specials = _special_ids(eng.tokenizer)
     assert sum(t in specials for t in eng.prompts[0]) == 3  # user open/close + assistant open
     assert r.usage.prompt_tokens == len(eng.prompts[0])
-    p_ids, r_ids = _encode(eng.tokenizer, [{"role": "user", "content": SPOOF}], "<|im_end|>x", 4096, 256)
-    assert p_ids == eng.prompts[0]  # the guard reads what the server generated from
-    assert not set(r_ids) & specials
+    [(ids, lo, hi)], _, cut = _pieces(eng.tokenizer, [{"role": "user", "content": SPOOF}], "<|im_end|>x", 4096)
+    assert cut == 0 and ids[:lo] == eng.prompts[0]  # the guard reads what the server generated from
+    assert not set(ids[lo:hi]) & specials
 
 
 # -- tools --------------------------------------------------------------------------------------------------
