@@ -1,48 +1,44 @@
 """Verify a candidate Triton kernel against a PyTorch reference, KernelBench style, hardened.
 
-Convention (KernelBench): the reference file defines ``Model`` (an ``nn.Module``),
-``get_inputs()`` and ``get_init_inputs()``; the candidate defines ``ModelNew`` with the same
-constructor and at least one ``@triton.jit`` kernel.
+Convention (KernelBench): the reference file defines ``Model`` (an ``nn.Module``), ``get_inputs()`` and
+``get_init_inputs()``; the candidate defines ``ModelNew`` with the same constructor and at least one
+``@triton.jit`` kernel.
 
-Trust split (after KernelBench's revamped eval and gpu-mode's pygpubench, whose exploit suites
-showed verifiers fooled from inside the candidate's process): **the verdict is computed here,
-outside the candidate's process**. This process loads the reference, draws the inputs (fresh
-seeds per trial, shapes the candidate cannot know in advance), runs the reference, compares and
-writes the result. The candidate runs in a separate process inside the sandbox SMITH's tools use
-(:func:`llmkit.tools.sandbox.spawn_python`: bubblewrap, no network, no host files but the Python
-packages and llmkit's own source, read-only; cleared environment; rlimits; the whole group killed
-at the timeout; on a GPU host its NVIDIA/ROCm device nodes and nothing else). It receives copies
-of the inputs in files of its read-only input folder and returns outputs over a pipe
-(:mod:`.candidate_runner`); the reference module is never loaded there. Without a working
-sandbox :func:`verify` refuses unless ``unsafe=True`` (``--unsafe-no-sandbox``).
+Trust split (after KernelBench's revamped eval and gpu-mode's pygpubench, whose exploit suites showed
+verifiers fooled from inside the candidate's process): **the verdict is computed here, outside the candidate's
+process**. This process loads the reference, draws the inputs (fresh seeds per trial, shapes the candidate
+cannot know in advance), runs the reference, compares and writes the result. The candidate runs in a separate
+process inside the sandbox SMITH's tools use (:func:`llmkit.tools.sandbox.spawn_python`: bubblewrap, no
+network, no host files but the Python packages and llmkit's own source, read-only; cleared environment;
+rlimits; the whole group killed at the timeout; on a GPU host its NVIDIA/ROCm device nodes and nothing else).
+It receives copies of the inputs in files of its read-only input folder and returns outputs over a pipe
+(:mod:`.candidate_runner`); the reference module is never loaded there. Without a working sandbox
+:func:`verify` refuses unless ``unsafe=True`` (``--unsafe-no-sandbox``).
 
-What :func:`verify` checks, and why (each is a way kernel benchmarks were fooled). Decided here
-(``checks.outside`` in the result):
+What :func:`verify` checks, each a way kernel benchmarks were fooled. Decided here (``checks.outside``):
 
-- **static check** of the candidate's source: no ``torch`` compute calls or ``@`` outside the
-  Triton kernels, no use of the reference (``Model``, its file, ``import`` of it), no ``exec``,
-  no ``getattr(torch, <name built at run time>)``;
-- **several trials on fresh random inputs of several shapes**: the example shape from
-  ``get_inputs()`` and variants drawn at random around the module-level integer sizes that
-  ``get_inputs`` reads (so a kernel hard-wired to the example shape fails);
-- **dtype-aware tolerances**: ``|out - ref| <= atol + rtol * |ref|`` with ``rtol`` a couple of
-  ULPs of the precision (looser for FP8/FP4) and ``atol = rtol * mean|ref|`` (sums of many
-  terms cancel); ``max_rel_err`` is ``max |out - ref| / (|ref| + atol)``; a non-finite output
-  where the reference is finite (NaN fills), zero or constant outputs where the reference is not,
-  and an output that does not change when the inputs do (cached) are rejected;
+- **static check** of the candidate's source: no ``torch`` compute calls or ``@`` outside the Triton kernels,
+  no use of the reference (``Model``, its file, ``import`` of it), no ``exec``, no ``getattr(torch, <name
+  built at run time>)``;
+- **several trials on fresh random inputs of several shapes**: the example shape from ``get_inputs()`` and
+  variants drawn at random around the module-level integer sizes that ``get_inputs`` reads (so a kernel
+  hard-wired to the example shape fails);
+- **dtype-aware tolerances**: ``|out - ref| <= atol + rtol * |ref|`` with ``rtol`` a couple of ULPs of the
+  precision (looser for FP8/FP4) and ``atol = rtol * mean|ref|`` (sums of many terms cancel); ``max_rel_err``
+  is ``max |out - ref| / (|ref| + atol)``; a non-finite output where the reference is finite (NaN fills), zero
+  or constant outputs where the reference is not, and an output that does not change when the inputs do
+  (cached) are rejected;
 - **a timeout** for the whole run (an infinite loop or a crash cannot take the caller down).
 
-Observed inside the candidate's process, so best-effort (``checks.best_effort``): torch-fallback
-detection (a dispatch mode and the profiler, both hardened against the known switches; see
-:mod:`.candidate_runner`), at least one Triton launch, inputs left unchanged and outputs that do
-not alias them (a candidate doing either is rejected), the strategies found in its compiled code
-(every kernel is compiled for ``--arch`` and matched against the taxonomy; one that does not
-compile fails), and the GPU timing: the candidate times itself with CUDA events, the reference
-(eager and ``torch.compile``, cast to the inputs' dtype) is timed here, the outputs after the
-timed calls are checked, and a speedup > 10x is flagged (``flags``), not trusted. Without a GPU
-``speedup`` is ``null``; so it is when timing fails, with the error in ``timing_error``.
-
-Without a GPU the kernels run under Triton's interpreter (slow: keep reference shapes small).
+Observed inside the candidate's process, so best-effort (``checks.best_effort``): torch-fallback detection (a
+dispatch mode and the profiler, both hardened against the known switches; see :mod:`.candidate_runner`), at
+least one Triton launch, inputs left unchanged and outputs that do not alias them (a candidate doing either is
+rejected), the strategies found in its compiled code (every kernel is compiled for ``--arch`` and matched
+against the taxonomy; one that does not compile fails), and the GPU timing: the candidate times itself with
+CUDA events, the reference (eager and ``torch.compile``, cast to the inputs' dtype) is timed here, the outputs
+after the timed calls are checked, and a speedup > 10x is flagged (``flags``), not trusted. Without a GPU the
+kernels run under Triton's interpreter (slow: keep reference shapes small) and ``speedup`` is ``null``; so it
+is when timing fails, with the error in ``timing_error``.
 """
 
 from __future__ import annotations
