@@ -1,8 +1,7 @@
 """Verify a candidate Triton kernel against a PyTorch reference, KernelBench style, hardened.
 
-Convention (KernelBench): the reference file defines ``Model`` (an ``nn.Module``), ``get_inputs()`` and
-``get_init_inputs()``; the candidate defines ``ModelNew`` with the same constructor and at least one
-``@triton.jit`` kernel.
+Convention (KernelBench): the reference defines ``Model`` (an ``nn.Module``), ``get_inputs()`` and
+``get_init_inputs()``; the candidate ``ModelNew`` (same constructor) and at least one ``@triton.jit`` kernel.
 
 Trust split (after KernelBench's revamped eval and gpu-mode's pygpubench, whose exploit suites showed
 verifiers fooled from inside the candidate's process): **the verdict is computed here, outside the candidate's
