@@ -1,66 +1,43 @@
 """Optimistic bilevel hypergradients: a pseudoinverse Hessian restricted to its range, plus optimistic selection.
 
-Paper: "optimistic bilevel optimization ... HG-MS" (HG-MS, optimistic bilevel optimization with non-isolated
-lower-level minimizers, NeurIPS 2026). Problem, with x the upper variable (e.g. data-source weights) and y the lower one (model
-parameters, or a subset of them)::
+Paper: HG-MS (optimistic bilevel optimization with non-isolated lower-level minimizers, NeurIPS 2026). With x
+the upper variable (e.g. data-source weights) and y the lower one (model parameters, or a subset)::
 
     min_x  F(x) = min_{y in S(x)} f(x, y),      S(x) = argmin_y g(x, y)            (optimistic)
 
-When S(x) is a manifold of minimizers (overparameterized training) the Hessian H = d2g/dy2 is singular
-and the classical implicit-function hypergradient does not exist. Under a local PL condition F is still
-differentiable wherever the optimistic selection y*(x) = argmin_{y in S(x)} f(x, y) is unique, and::
+When S(x) is a manifold of minimizers (overparameterized training) H = d2g/dy2 is singular and the classical
+implicit-function hypergradient does not exist. Under a local PL condition F is still differentiable wherever
+the optimistic selection y*(x) = argmin_{y in S(x)} f(x, y) is unique, and::
 
     grad F(x) = d_x f(x, y*) - d2g/dxdy(x, y*) . H(x, y*)^+ . d_y f(x, y*)
 
-(at y*, d_y f is orthogonal to the tangent space of S(x) = the kernel of H, so it lies in range(H) and
-the pseudoinverse is the right inverse there). HG-MS is select-then-differentiate: first move y along
-S(x) to the optimistic selection, then apply the formula.
+(at y*, d_y f is orthogonal to ker H, the tangent space of S(x), so it lies in range(H) where the pseudoinverse
+is the right inverse). HG-MS is select-then-differentiate: move y along S(x) to the selection, then apply it.
 
-What this module computes (all from Hessian-vector products, never a Hessian):
+What this module computes, from Hessian-vector products only (any list of tensors, any scalar closures):
+* ``lanczos(matvec, b, iters)``: Lanczos with full reorthogonalisation on K(H, b), one HVP per step.
+* ``pinv_solve(matvec, b, iters, rtol)``: H^+ b on the Ritz pairs of H kept (theta_i > rtol * max theta, and
+  positive by default), with the Ritz residuals and the solve's relative residual (free from the Lanczos
+  relation): exact when iters >= rank + 1, else truncated Lanczos, and ``solve_residual`` says how good it is.
+* ``flat_directions(matvec, d, iters, flat_rtol, probes)``: certified near-null directions of H: each probe
+  runs Lanczos from a fresh random vector (orthogonal to those found) and accepts its Ritz vector of least
+  ||H u|| (exact: ||H u||^2 = theta^2 + residual^2) if ||H u|| <= flat_rtol * max curvature seen.
+* ``hypergradient(inner_loss, outer_loss, params, hparams)``: the formula at the current y, in 2 forwards, 2
+  backwards (g's with ``create_graph``) and iters + 1 double-backwards through the retained gradient graph; it
+  also returns d_y g (how far from stationary the inner problem is) and, with ``flat_probes``, flat directions.
+* ``optimistic_select(...)``: ``steps`` iterations of y <- y - lr * P_flat d_y f (P_flat the projector on the
+  certified flat directions), each optionally followed by ``retract_steps`` gradient steps on g (back to S(x)
+  when it is curved); ``hgms_step`` = ``optimistic_select`` then ``hypergradient``.
 
-* ``lanczos(matvec, b, iters)``: ``iters`` steps of Lanczos with full reorthogonalisation on the
-  Krylov space K(H, b). Cost: one HVP per step.
-* ``pinv_solve(matvec, b, iters, rtol)``: the Ritz pairs (theta_i, u_i) of H on K(H, b); eigenvalues
-  with theta_i <= rtol * max theta (and, by default, negative ones) are dropped; returns
-  ``solution = sum_kept u_i (u_i . b) / theta_i`` (H^+ b restricted to the kept spectrum), the Ritz
-  residuals and the solve's relative residual (both free from the Lanczos relation). If H has rank r
-  and iters >= r + 1 it is exact in exact arithmetic; otherwise it is truncated Lanczos (the
-  leading curvature directions that b excites) and ``solve_residual`` says how good that model is.
-* ``flat_directions(matvec, d, iters, flat_rtol, probes)``: certified near-null directions of H. Each
-  probe runs Lanczos from a fresh random vector (orthogonal to the directions already found); K(H, v)
-  meets ker H only in the line of P_0 v, and its Ritz vector of least ||H u|| (exact from the Lanczos
-  relation: ||H u||^2 = theta^2 + residual^2) is accepted if ||H u|| <= flat_rtol * max curvature seen.
-* ``hypergradient(inner_loss, outer_loss, params, hparams)``: the formula above at the current y.
-  Cost: one forward of g plus one backward with ``create_graph`` (the gradient graph), one forward +
-  backward of f, ``iters`` HVPs (each one double-backward through the retained gradient graph, no
-  new forward), one more backward through the gradient graph for the mixed term. In "passes": 2
-  forwards, 2 backwards, iters + 1 double-backwards. It also returns d_y g (how far from stationary
-  the inner problem is) and, with ``flat_probes``, the flat directions at this point.
-* ``optimistic_select(...)``: ``steps`` iterations of y <- y - lr * P_flat d_y f, with P_flat the
-  projector on ``flat_directions`` (descent on f along S(x)), each optionally followed by
-  ``retract_steps`` gradient steps on g (to return to S(x) when it is curved). Cost per step: a
-  forward+backward of f, a forward+create-graph backward of g, ``probes * iters`` HVPs, plus one
-  forward+backward of g per retraction step.
-* ``hgms_step`` = ``optimistic_select`` then ``hypergradient``.
+Selection starts Lanczos from random vectors, not from d_y f: the part of d_y f off the kept Ritz directions
+is flat only once Krylov has captured all of range(H); with an LLM's few iterations it is mostly unreached
+curvature, so stepping along it leaves S(x). Certified directions are flat, and none certified: no move.
 
-Why the selection's Lanczos starts from a random vector and not from d_y f: from b = d_y f, the
-"part of b off the kept Ritz directions" is the flat part of b only when the Krylov space has captured
-all of range(H) (iters >= rank + 1). With the few iterations that fit an LLM's budget it is mostly
-curvature Lanczos has not reached yet (and, with negative Ritz values dropped, negative curvature), so
-stepping along it moves off S(x). A random start with a certificate (||H u|| small, checked) only
-ever moves along directions that are flat, and finds none -- and does not move -- when the budget is
-too small to certify any.
-
-Deviations: the exact selection is a nonconvex problem over S(x); we take a fixed number of projected
-descent steps from the current point ("among solutions reachable from the current point"), each in
-the span of the few flat directions its probes certified (randomized subspace descent on S(x): it
-needs about dim S(x) / probes steps per unit of progress, so on an LLM it is a local improvement, not
-the argmin). Away from a minimizer H may be indefinite; negative Ritz values are dropped
-(``drop_negative=True``), i.e. we invert H on its positive spectrum only. Ritz values below
-``rtol * theta_max`` count as zero, which is what makes the inverse a pseudoinverse (and bounds its
-norm by 1 / (rtol * theta_max)).
-
-Everything works on any list of tensors (``params``) and any scalar closures; nothing is LLM-specific.
+Deviations: the exact selection is a nonconvex problem over S(x); we take a fixed number of projected descent
+steps from the current point, each in the span of the few certified flat directions (randomized subspace
+descent: a local improvement on an LLM, not the argmin). Away from a minimizer H may be indefinite; negative
+Ritz values are dropped (``drop_negative=True``). Ritz values below ``rtol * theta_max`` count as zero, which
+makes the inverse a pseudoinverse (with norm at most 1 / (rtol * theta_max)).
 """
 
 from __future__ import annotations
