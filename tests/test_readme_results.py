@@ -109,3 +109,15 @@ def test_a_finding_whose_figures_are_missing_is_left_out(report):
 
     assert rf.said(rf._kv_ppl, lambda d, _: "kept")({}, None) == ["kept"]
     assert rf.spans([1, 2, 3, 5, 7, 8]) == "1-3, 5, 7-8"
+
+
+def test_no_module_docstring_over_40_lines():
+    """Docstrings hold the paper, the algorithm and the deviations; what was measured lives on the results pages."""
+    import ast
+
+    long = {}
+    for p in sorted((REPO / "llmkit").rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(p.read_text()), clean=False)
+        if doc and len(doc.splitlines()) > 40:
+            long[str(p.relative_to(REPO))] = len(doc.splitlines())
+    assert not long, f"module docstrings over 40 lines: {long}"
