@@ -136,6 +136,8 @@ def bench_table(load_model: Callable[[int], tuple], rows: list[dict], *, bits_li
         model, tok = load_model(bits)
         model.eval()
         batch = lm_batch(tok, rows, max_length)
+        if not (batch["labels"] != -100).any():
+            raise ValueError(f"max_length {max_length} cuts every completion: no token of the batch is scored")
 
         def loss_fn(model=model, batch=batch):
             return model(**batch).loss
