@@ -3,12 +3,10 @@
     .venv/bin/python bench/report.py           # write bench/results/<name>.md, bench/results/README.md, README block
     .venv/bin/python bench/report.py --check   # write nothing; exit 1 naming each file that differs from the JSON
 
-Each committed ``bench/results/<name>.json`` gets a page: the command that produced it,
-the findings stated from its figures (``report_specs.py`` says which, per bench), every
-figure with its interval or spread, the run's settings and the plot when a PNG sits
-beside it. ``README.md`` holds a table between ``<!-- results:start -->`` and
-``<!-- results:end -->`` built from the same JSON; tests/test_readme_results.py fails
-when a page or that block differs from what the JSON gives.
+Each committed ``bench/results/<name>.json`` gets a page: the command that produced it, the findings stated from
+its figures (per bench in ``report_specs.py``), every figure with its interval or spread, the settings and the
+plot. README.md's table between the results markers comes from the same JSON; tests/test_readme_results.py
+fails when a page or that table differs from what the JSON gives.
 """
 
 from __future__ import annotations
@@ -34,18 +32,12 @@ _POINT_KEYS = ("value", "auroc", "mean", "rate", "accuracy")
 
 def fmt(v) -> str:
     """One figure as text: 4 significant digits, so a rerun that moves a figure changes the page."""
-    if isinstance(v, bool):
-        return "yes" if v else "no"
+    if isinstance(v, bool) or v is None:
+        return {True: "yes", False: "no", None: "-"}[v]
     if isinstance(v, int):
         return str(v)
     if isinstance(v, float):
-        if math.isnan(v):
-            return "n/a"
-        if v != 0 and abs(v) >= 1000:
-            return f"{v:,.0f}"
-        return f"{v:.4g}"
-    if v is None:
-        return "-"
+        return "n/a" if math.isnan(v) else f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
     if isinstance(v, list):
         return "[" + ", ".join(fmt(x) for x in v) + "]"
     return _clean(str(v))
@@ -64,7 +56,7 @@ def _interval(d: dict) -> str | None:
                  None)
     if point is None:
         return None
-    if isinstance(d.get("low"), (int, float)) and isinstance(d.get("high"), (int, float)):
+    if all(isinstance(d.get(k), (int, float)) for k in ("low", "high")):
         return f"{fmt(d[point])} [{fmt(d['low'])}, {fmt(d['high'])}]"
     ci = d.get(f"{point}_ci95") or d.get("ci95")
     if isinstance(ci, list) and len(ci) == 2:
@@ -91,7 +83,7 @@ def rows(obj, prefix: str = "", depth: int = 0) -> list[tuple[str, str]]:
     for k, v in obj.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         base, _, suffix = str(k).rpartition("_")
-        if suffix in ("ci95", "std") and base in obj:
+        if suffix in ("ci95", "ci", "std") and base in obj:
             continue
         if isinstance(v, dict):
             if depth < 3:
@@ -102,8 +94,9 @@ def rows(obj, prefix: str = "", depth: int = 0) -> list[tuple[str, str]]:
         if isinstance(v, list) and not _is_scalars(v):
             continue
         cell = fmt(v)
-        if isinstance(obj.get(f"{k}_ci95"), list) and len(obj[f"{k}_ci95"]) == 2:
-            cell += f" [{fmt(obj[f'{k}_ci95'][0])}, {fmt(obj[f'{k}_ci95'][1])}]"
+        ci = obj.get(f"{k}_ci95", obj.get(f"{k}_ci"))
+        if isinstance(ci, list) and len(ci) == 2:
+            cell += f" [{fmt(ci[0])}, {fmt(ci[1])}]"
         elif isinstance(obj.get(f"{k}_std"), (int, float)):
             cell += f" ± {fmt(obj[f'{k}_std'])}"
         out.append((key, cell))
@@ -141,10 +134,9 @@ def committed_json(root: Path) -> list[Path]:
     res = root / "bench" / "results"
     out = subprocess.run(["git", "ls-files", "--", "bench/results/*.json"], cwd=root, capture_output=True,
                          text=True, check=False) if (root / ".git").exists() else None
-    names = out.stdout.split() if out is not None and out.returncode == 0 else None
-    if names is None:
+    if out is None or out.returncode != 0:
         return sorted(res.glob("*.json"))
-    return sorted(p for p in (root / n for n in names) if p.parent == res and p.is_file())
+    return sorted(p for p in (root / n for n in out.stdout.split()) if p.parent == res and p.is_file())
 
 
 def render_all(root: Path = ROOT) -> dict[Path, str]:
@@ -154,8 +146,7 @@ def render_all(root: Path = ROOT) -> dict[Path, str]:
 
     def load(name: str) -> dict | None:
         if name not in cache:
-            p = res / f"{name}.json"
-            cache[name] = json.loads(p.read_text()) if p.is_file() else None
+            cache[name] = json.loads((res / f"{name}.json").read_text()) if (res / f"{name}.json").is_file() else None
         return cache[name]
 
     out: dict[Path, str] = {}
@@ -186,25 +177,22 @@ def splice(text: str, block: str) -> str:
     return head + START + "\n" + block + "\n" + END + rest.split(END, 1)[1]
 
 
-def stale(root: Path = ROOT) -> list[Path]:
+def stale(root: Path = ROOT, pages: dict[Path, str] | None = None) -> list[Path]:
     """Generated files whose text on disk differs from what the JSON gives."""
-    return [p for p, text in render_all(root).items() if not p.is_file() or p.read_text() != text]
+    return [p for p, text in (pages or render_all(root)).items() if not p.is_file() or p.read_text() != text]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a generated file is stale")
     args = ap.parse_args()
-    if args.check:
-        bad = stale()
-        for p in bad:
-            print(f"stale: {p.relative_to(ROOT)} (run python bench/report.py)")
-        return 1 if bad else 0
-    for p, text in render_all().items():
-        if not p.is_file() or p.read_text() != text:
-            p.write_text(text)
-            print(f"wrote {p.relative_to(ROOT)}")
-    return 0
+    pages = render_all()
+    todo = stale(ROOT, pages)
+    for p in todo:
+        if not args.check:
+            p.write_text(pages[p])
+        print(f"stale: {p.relative_to(ROOT)} (run python bench/report.py)" if args.check else f"wrote {p.name}")
+    return 1 if args.check and todo else 0
 
 
 if __name__ == "__main__":

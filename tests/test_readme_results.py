@@ -92,10 +92,10 @@ def test_readme_opens_with_the_two_commands_and_links_the_results(report):
 
 
 def test_rows_merge_intervals_and_spreads(report):
-    rows = dict(report.rows({"acc": 0.5, "acc_ci95": [0.25, 0.75], "loss": 1.0, "loss_std": 0.125,
+    rows = dict(report.rows({"acc": 0.5, "acc_ci95": [0.25, 0.75], "loss": 1.0, "loss_std": 0.125, "w": 0.5, "w_ci": [0, 1],
                              "auroc": {"auroc": 0.7, "low": 0.6, "high": 0.8}, "steps": {"mean": 3.0, "std": 1.0, "n": 3},
                              "curve": list(range(20)), "note": "x" * 500}))
-    assert rows == {"acc": "0.5 [0.25, 0.75]", "loss": "1 ± 0.125", "auroc": "0.7 [0.6, 0.8]", "steps": "3 ± 1 (n=3)"}
+    assert rows == {"acc": "0.5 [0.25, 0.75]", "loss": "1 ± 0.125", "w": "0.5 [0, 1]", "auroc": "0.7 [0.6, 0.8]", "steps": "3 ± 1 (n=3)"}
 
 
 def test_splice_needs_one_marker_pair(report):
