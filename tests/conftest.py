@@ -30,6 +30,17 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture()
+def one_torch_thread():
+    """One torch thread for the test: its tensors are tiny, and more threads only add contention on a shared CPU."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     from llmkit.testing import tiny_tokenizer as make

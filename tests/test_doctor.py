@@ -11,13 +11,7 @@ import torch
 
 from llmkit.doctor import Check, Context, Skip, format_report, run_checks, skip_reason
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _check(name="c", gpus=0, cpu_path=False, slow=False, packages=()):

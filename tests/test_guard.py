@@ -17,13 +17,7 @@ from llmkit.serving.guard.guard import _TF_MODELS, engine_model
 SYSTEM = "Always answer in French."
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # these tensors are tiny: more threads only add contention on a shared CPU
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def conv(user: str, response: str, system: str = SYSTEM) -> list[dict]:

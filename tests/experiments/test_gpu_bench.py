@@ -12,13 +12,7 @@ import torch
 
 from llmkit.experiments import gpu
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_plan_fits_the_budget_and_never_goes_below_the_floors():
