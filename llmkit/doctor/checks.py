@@ -121,7 +121,7 @@ def vllm_serve(ctx: Context) -> str:
     """One chat request through ``llmkit serve --engine vllm`` (a subprocess, as a user starts it)."""
     import httpx
 
-    from llmkit.doctor.serve import ServeProcess
+    from llmkit.experiments.harness import ServeProcess
 
     name = ctx.model or "smollm2-135m-instruct"
     args = ["--engine", "vllm", "--model", name, "--max-model-len", "1024"]

@@ -173,7 +173,7 @@ def served_throughput(model: str = MODEL, num_prompts: int = 256, input_len: int
 
     from vllm.benchmarks.serve import main as bench_main
 
-    from llmkit.doctor.serve import ServeProcess
+    from llmkit.experiments.harness import ServeProcess
     from llmkit.models import resolve
 
     flags = {"hf": ["--engine", "hf", "--device", device, "--max-batch-size", str(max_concurrency)]

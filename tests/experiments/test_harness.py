@@ -1,0 +1,60 @@
+import json
+import math
+import multiprocessing as mp
+
+import pytest
+
+from llmkit.experiments import harness
+
+
+def test_result_store_resumes_only_matching_config(tmp_path):
+    calls = []
+    store = harness.ResultStore(tmp_path, {"steps": 10})
+    assert store.memo("a", lambda: calls.append(1) or {"loss": 1.0}) == {"loss": 1.0}
+    assert harness.ResultStore(tmp_path, {"steps": 10}).memo("a", lambda: calls.append(2) or {}) == {"loss": 1.0}
+    assert calls == [1]  # the rerun read the saved part
+    assert harness.ResultStore(tmp_path, {"steps": 11}).load("a") is None  # another config: not reused
+    assert harness.ResultStore(tmp_path, {"steps": 10}, fresh=True).load("a") is None
+    (tmp_path / "broken.json").write_text("{half")
+    assert harness.ResultStore(tmp_path, {"steps": 10}).merge() == {"a": {"loss": 1.0}}
+
+
+def _fill(path, arm, items):
+    c = harness.KeyedCache(path, {"k": 1}, chunk=1)
+    c.get(arm, items, lambda xs: [x.upper() for x in xs])
+
+
+def test_keyed_cache_merges_processes_and_makes_only_missing(tmp_path):
+    path = tmp_path / "cache.json"
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_fill, args=(path, "arm", [f"p{i}" for i in range(j, 12, 3)])) for j in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    made = []
+    c = harness.KeyedCache(path, {"k": 1})
+    out = c.get("arm", [f"p{i}" for i in range(12)], lambda xs: made.extend(xs) or [x for x in xs])
+    assert out == [f"P{i}" for i in range(12)] and made == []  # all three shards' values survived
+    assert harness.KeyedCache(path, {"k": 2}).data == {}  # another key starts empty
+    assert json.loads(path.read_text())["version"] == 2
+
+
+def test_lr_sweep_picks_finite_minimum_and_flags_edge():
+    out = harness.lr_sweep(lambda lr: {1e-4: 3.0, 1e-3: 2.0, 1e-2: float("nan")}[lr], [1e-2, 1e-4, 1e-3])
+    assert out["best_lr"] == 1e-3 and out["at_edge"] is False and math.isnan(out["scores"][1e-2])
+    assert harness.lr_sweep(lambda lr: lr, [1.0, 2.0])["at_edge"] is True
+    with pytest.raises(ValueError, match="diverged"):
+        harness.lr_sweep(lambda lr: float("inf"), [1.0])
+
+
+def test_peak_memory_sees_a_transient_allocation():
+    import numpy as np
+
+    def alloc():
+        x = np.ones(64 * 2**20 // 8)  # 64 MiB, touched, then freed
+        return float(x.sum())
+
+    out = harness.peak_memory_during(alloc)
+    assert out["result"] == 64 * 2**20 // 8
+    assert out["peak"] - out["base"] > 48 * 2**20
