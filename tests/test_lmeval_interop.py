@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -110,23 +106,17 @@ def test_llmkit_is_an_lm_eval_model(tmp_path):
     assert isinstance(out_q, str)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.bundled
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_lm_eval_through_llmkit_serve_equals_llmkit_eval_prompt_style_lm_eval(shared_data, tmp_path):
     """lm-eval's gsm8k task (its local-completions model talking to `llmkit serve`) and
     `llmkit eval --prompt-style lm-eval` give the same answers and scores on the same 20 problems."""
-    import httpx
     import lm_eval
 
     from llmkit.cli import main
     from llmkit.evals.lmeval import lmeval_task
+    from llmkit.experiments.harness import ServeProcess
 
     limit, toks = 20, 32
     out = tmp_path / "llmkit"
@@ -137,26 +127,13 @@ def test_lm_eval_through_llmkit_serve_equals_llmkit_eval_prompt_style_lm_eval(sh
     our_rows = [json.loads(x) for x in (out / "gsm8k.jsonl").read_text().splitlines()]
     assert list(out.glob("results_*.json"))
 
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "llmkit.cli", "serve", "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(240):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        task = lmeval_task("gsm8k", shared_data / "gsm8k" / "test.jsonl")
+    task = lmeval_task("gsm8k", shared_data / "gsm8k" / "test.jsonl")
+    with ServeProcess([], timeout=300) as server:
         res = lm_eval.simple_evaluate(
             model="local-completions",
-            model_args={"base_url": f"http://127.0.0.1:{port}/v1/completions", "model": "smollm2-135m-instruct",
+            model_args={"base_url": f"{server.url}/v1/completions", "model": "smollm2-135m-instruct",
                         "tokenizer_backend": None, "tokenized_requests": False, "num_concurrent": 1},
             tasks=[task], limit=limit, gen_kwargs=f"max_gen_toks={toks}", log_samples=True)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     name = next(iter(res["results"]))
     theirs = res["results"][name]
     samples = sorted(res["samples"][name], key=lambda s: s["doc_id"])

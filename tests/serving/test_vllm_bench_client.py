@@ -3,28 +3,23 @@
 default for the random dataset, and ``--ignore-eos``) and off (``--extra-body``). It also calls
 ``/tokenize`` to align its prompts with the server's tokenizer.
 
-The runner is bench/serving.py's ``vllm_bench_client`` (the bench's side-by-side uses the same).
+The runner is ``llmkit.experiments.serving.vllm_bench_client`` (bench/serving.py's side-by-side uses the same).
 """
 
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 PROMPTS, OUT = 4, 8
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_serving", REPO / "bench" / "serving.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from llmkit.experiments import serving
+
+    return serving
 
 
 @pytest.fixture(scope="module")
