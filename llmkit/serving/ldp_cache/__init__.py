@@ -9,7 +9,7 @@ correlated consecutive queries. Parts:
                       randomized response
 - :mod:`.sentence`    sentence-level candidate mechanism (nearest public query + k-ary randomized
                       response; eps-LDP for any two queries, usable at single-digit eps)
-- :mod:`.budget`      a fixed total budget over a stream: per-call allocation and the experiment
+- :mod:`.budget`      a fixed total budget over a stream: the per-call allocation rule
 - :mod:`.scheduler`   the randomized hit/miss decision with an expected-accuracy-gain estimate;
                       a GPTCache-style threshold baseline
 - :mod:`.accountant`  per-user budget, sequential composition, crash-safe SQLite ledger
@@ -18,7 +18,8 @@ correlated consecutive queries. Parts:
 - :mod:`.embedder`    offline all-MiniLM-L6-v2 embeddings; a hashed stand-in for tests
 - :mod:`.client`      ``LDPCache.ask(query) -> Answer``; ``PerQueryLDP`` (no-cache baseline)
 - :mod:`.proxy`       an OpenAI-compatible proxy app (``llmkit ldp-proxy``)
-- :mod:`.workload`, :mod:`.experiment`   the benchmark's workloads, runs and statistics
+
+The benchmark's workloads, runs and statistics are in ``llmkit.experiments.ldp_cache``.
 """
 
 from .accountant import BudgetExceeded, PrivacyLedger

@@ -29,11 +29,9 @@ The mean over the entries still cached depends on what the policy evicted: a pol
 keeps accurate, diverse entries raised it, and with it the bar acc x sim >= E[acc | cloud]
 - gain_threshold that every hit must pass, and so lost hits for keeping better entries.
 
-The default weights were chosen on tuning traces that the benchmark never uses (other
-GSM8K problems and workload seeds) over a grid of w_div, w_acc, half_life and w_freq; the
-surface was flat, so the defaults above were kept and frequency stays off. What was
-measured against LRU, per capacity and workload, is in bench/results/ldp_cache.md and
-bench/results/ldp_cache_eviction_ablation.md (``bench/ldp_cache.py``).
+The defaults were chosen on tuning traces the benchmark never uses (other GSM8K problems and
+workload seeds). Measured against LRU: bench/results/ldp_cache.md and
+bench/results/ldp_cache_eviction_ablation.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,18 @@
-"""The LDPCache bench's library code: workloads (workload.py) and simulation helpers (experiment.py)."""
+"""The LDPCache bench's library code: workloads (workload.py) and runs, memos and statistics (runs.py)."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from llmkit.experiments.ldp_cache import runs as X
+from llmkit.experiments.ldp_cache import workload as W
 from llmkit.serving.ldp_cache import ExponentialTokenMechanism, LDPScheduler
-from llmkit.serving.ldp_cache import experiment as X
-from llmkit.serving.ldp_cache import workload as W
 from llmkit.serving.ldp_cache.embedder import HashEmbedder
-
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
 
 PROBLEMS = [
     {"question": f"Tom has {i} apples and buys {i + 2} more. How many apples now?", "gold": str(2 * i + 2)}
@@ -180,9 +177,8 @@ def test_arith_question_skips_problems_without_a_usable_annotation_or_context():
     assert W.arith_question("How many apples does Tom have?", "<<2+3=5>>5") is None  # one sentence
 
 
-def test_arith_problem_set_from_gsm8k_train_has_correct_gold_answers():
-    if not DATA.is_file():
-        pytest.skip("GSM8K train not present")
+def test_arith_problem_set_from_gsm8k_train_has_correct_gold_answers(shared_data):
+    DATA = shared_data / "gsm8k" / "train.jsonl"
     ps = W.load_arith_problems(DATA, 40, seed=0)
     assert len(ps) == 40 and ps == W.load_arith_problems(DATA, 40, seed=0)
     assert len({p["question"] for p in ps}) == 40

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from llmkit.experiments.ldp_cache.runs import MemoEmbedder
 from llmkit.serving.ldp_cache.embedder import HashEmbedder
-from llmkit.serving.ldp_cache.experiment import MemoEmbedder
 from llmkit.serving.ldp_cache.sentence import CandidateMechanism
 
 BANK = [f"tom has {i} apples and ann has {i + 3} pears how many fruit" for i in range(10)] + [

@@ -1,16 +1,33 @@
 """LDPCache benchmark workloads: GSM8K problem sets, query streams of templated variants, scoring.
 
-Used by ``bench/ldp_cache.py`` (whose module docstring describes the workloads in full) and by
-tests. A stream is a sequence of *visits*; a visit is 2-4 consecutive queries that are distinct
-templated variants of one problem, so consecutive queries are semantically correlated:
+A stream is a sequence of *visits*; a visit is 2-4 consecutive queries that are distinct templated
+variants of one problem ("Solve this math word problem: ...", "... Think step by step.", drawn without
+replacement from 8 templates; the answer never changes), so consecutive queries are semantically
+correlated. The workloads differ only in which problem a visit is about:
 
-- ``uniform``: every later visit returns to an earlier problem with probability 0.5 (uniform
-  over the problems seen so far, not the one just visited), else takes the next new problem;
-- ``zipf``: independent reference model with Zipf(s) popularity over a randomly ranked pool.
+- ``uniform`` (session 1's workload): the first visit takes problem 0; every later visit returns to an
+  earlier problem with probability 0.5, uniformly among the problems seen so far (not the one just
+  visited), else takes the next new problem. Neither recency nor frequency predicts a revisit.
+- ``zipf``: the independent reference model of web/CDN and LLM-query traces: a pool of N problems in a
+  random popularity order (workload seed); each visit draws rank k with probability k^-s / H, s = 1.0.
+  A few problems come often, a long tail once or never (consecutive visits may repeat a problem).
+- ``uniform_arith`` / ``zipf_arith``: the same streams over a problem set the bundled model can answer,
+  so accuracy separates the arms (on the open-ended set it gets ~0% right even without privacy).
 
-Problem sets: short GSM8K train problems (:func:`load_problems`) or the one-step arithmetic
-set built from GSM8K's calculator annotations (:func:`arith_question`, :func:`load_arith_problems`),
-which the bundled model can answer. Scoring: the last number of an answer equals the gold one.
+Problem sets, fixed before any model run: :func:`load_problems` takes GSM8K train problems of at most
+two calculator steps and 45 words, shuffled with a fixed seed. :func:`load_arith_problems` takes problems
+of at most 45 words and reduces each to its first calculator annotation ``<<a op b=c>>`` with plain
+integers a, b, c <= 100, op in + - * / and a op b == c exactly (GSM8K's rare wrong annotations are
+skipped); the problem's text without its last sentence stays as context, so entities stay and problems
+stay distinct, and the question becomes "<context> What is <a> plus|minus|times|divided by <b>?" with
+gold answer c. Problems without such an annotation, or of one sentence, are skipped.
+
+Sizes (distinct problems for uniform, pool for zipf / visits): quick 6 / 12 and 12 / 12 for every kind;
+full 20 / 45, 40 / 45, and 120 / 240, 200 / 240 for the arithmetic sets, which are larger because a
+cached answer is one noisy sample reused on every hit: per problem the cache is right on all its hits
+or on none, so the variance is across problems and only more problems narrow the interval.
+
+Scoring: the last number of an answer equals the gold one.
 """
 
 from __future__ import annotations

@@ -1,37 +1,78 @@
-"""LDPCache benchmark machinery: memoized upstream/embedder/mechanism, cache runs over a stream,
-hit-ratio sweeps and eviction ablations, and the problem-level bootstrap.
+"""LDPCache benchmark runs: memoized upstream/embedder/mechanism, cache runs over a stream, the
+equal-epsilon evaluation of every arm, hit-ratio sweeps, eviction ablations and the problem bootstrap.
 
-Used by ``bench/ldp_cache.py`` (see its docstring for the experimental design) and tested in
-``tests/test_ldp_bench_workload.py``. Nothing here starts a model except :func:`start_server`.
+Common random numbers: :func:`run_cache` perturbs query i with the seed ``[*seed, i]``, so a cache miss
+sends exactly the text the no-cache arm sent for query i and the memoized upstream replays its answer;
+arms differ only where the cache answers, and the LLM is called once per query in all (plus one plain,
+unperturbed ask per problem for the no-privacy reference). The cache arms are repeated over seeds of the
+scheduler's coin (no new LLM calls) and averaged; min and max are kept.
 
-Common random numbers: :func:`run_cache` perturbs query i with the seed ``[*seed, i]``, so a cache
-miss sends exactly the text the no-cache arm sent for query i and the memoized upstream replays
-its answer; arms differ only where the cache answers.
+Hit-ratio sweep and ablation (no LLM calls): hits do not depend on the response texts (the scheduler
+sees raw-query embeddings and the fidelity of the perturbed query), so they are simulated exactly with a
+stand-in upstream that returns "". Each cell pairs a policy with LRU on the same stream and scheduler
+seed. The workload seeds are held out from those the multi-factor weights were tuned on. The ablation
+removes factors, adds the frequency factor, and tries session 2's scheduler input (E[acc | cloud] over
+the surviving entries only, which made the hit test depend on the eviction policy).
+
+"Equal or better accuracy" is judged as non-inferiority with a margin (MARGIN) fixed before the large
+run: the lower end of the 95% interval of accuracy(LDPCache) - accuracy(no cache) must be >= -MARGIN.
+Not a better point estimate: in expectation a reused answer (produced for another perturbed variant of
+the same question) is as likely right as the no-cache one, so the estimate lands on either side of 0.
 
 Bootstrap: the unit of resampling is the *problem* (a cached answer is reused across a problem's
 queries, so queries are not independent); :func:`problem_bootstrap` resamples problems with
-replacement with ``scipy.stats.bootstrap`` (paired, percentile interval) over the statistic
-sum(a - b) / sum(queries).
+``scipy.stats.bootstrap`` (paired, percentile) over the ratio sum(a - b) / sum(queries), and also reports
+the share of resamples below 0, which ``llmkit.experiments.stats.bootstrap_ci`` does not expose.
+
+The JSONL answer memo (:class:`MemoUpstream`) stays rather than ``harness.KeyedCache``: it is filled one
+call at a time from a thread pool (KeyedCache makes values in batches per arm), and the committed answer
+files (bench/results/ldp_cache_parts/*.jsonl.gz) replay earlier runs in this format.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import socket
-import subprocess
-import sys
 import threading
-import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
+from llmkit.experiments.harness import ServeProcess
+from llmkit.experiments.stats import mean_ci
+from llmkit.serving.ldp_cache import (
+    CacheStore,
+    LDPCache,
+    MultiFactorPolicy,
+    PrivacyLedger,
+    ThresholdScheduler,
+    make_policy,
+)
+
 from .workload import build, correct, last_number
 
 MARGIN = 0.05  # non-inferiority margin for "equal accuracy", fixed before the large arithmetic run
+
+
+def say(msg: str) -> None:
+    """Progress lines go out at once (the benches run for hours, often under ``tee``)."""
+    print(msg, flush=True)
+
+
+@contextmanager
+def served(url: str | None, engine: str = "hf", cwd=None) -> Iterator[str]:
+    """``url`` itself, or ``llmkit serve`` with the bundled model started for the body (hf: one thread;
+    vllm: eager), stopped on the way out."""
+    if url:
+        yield url
+        return
+    args = ["--threads", "1"] if engine == "hf" else ["--engine", "vllm", "--enforce-eager"]
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with ServeProcess(args, env=env, cwd=cwd) as srv:
+        yield srv.url
 
 
 def open_text(path: Path, mode: str):
@@ -118,49 +159,6 @@ class MemoMechanism:
         return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(port: int, timeout: float = 600.0, engine: str = "hf", cwd: str | Path | None = None):
-    """Start ``llmkit serve`` with the bundled model on ``port`` and wait until it is healthy."""
-    import httpx
-
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "llmkit.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-            *(["--threads", "1"] if engine == "hf" else ["--engine", "vllm", "--enforce-eager"]),
-        ],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"llmkit serve exited with {proc.returncode}: {proc.stderr.read()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    proc.terminate()
-    raise RuntimeError("llmkit serve did not become healthy in time")
-
-
 def run_cache(
     queries,
     mechanism,
@@ -177,8 +175,6 @@ def run_cache(
     store_cls=None,
 ):
     """One pass of an LDPCache over the stream. ``seed`` is the perturbation seed prefix (CRN)."""
-    from . import CacheStore, LDPCache, PrivacyLedger, make_policy
-
     cache = LDPCache(
         upstream,
         PrivacyLedger(":memory:", 1e18),
@@ -289,10 +285,16 @@ def noninferior(ci95) -> bool:
     return ci95[0] >= -MARGIN
 
 
-def summary_stats(xs: list[float]) -> dict:
-    m = sum(xs) / len(xs)
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
-    return {"mean": m, "std": sd, "min": min(xs), "max": max(xs), "n": len(xs)}
+def spread(xs: list[float]) -> dict:
+    """``{mean, std, min, max, n}`` (sample std; 0 for one value), the keys the sweep's JSON has always had."""
+    c = mean_ci(xs)
+    return {"mean": c["mean"], "std": c["std"], "min": min(xs), "max": max(xs), "n": c["n"]}
+
+
+def paired_spread(diffs: list[float]) -> dict:
+    """:func:`spread` of paired differences plus the standard error of their mean (``se``)."""
+    d = spread(diffs)
+    return {**d, "se": d["std"] / math.sqrt(d["n"])}
 
 
 def sweep(kind, problems, visits, mechanism, embedder, sched, *, workload_seeds, capacities, repeats, seed):
@@ -319,11 +321,10 @@ def sweep(kind, problems, visits, mechanism, embedder, sched, *, workload_seeds,
                 mf.append(a)
                 lru.append(b)
                 diff.append(a - b)
-        d = summary_stats(diff)
         out[str(cap)] = {
-            "multifactor": summary_stats(mf),
-            "lru": summary_stats(lru),
-            "diff": {**d, "se": d["std"] / math.sqrt(d["n"])},
+            "multifactor": spread(mf),
+            "lru": spread(lru),
+            "diff": paired_spread(diff),
             "share_multifactor_higher": sum(x > 0 for x in diff) / len(diff),
             "share_equal": sum(x == 0 for x in diff) / len(diff),
         }
@@ -345,7 +346,6 @@ ABLATION = {  # eviction policies compared in --eviction-ablation (weights: dive
 
 def survivor_mean_store():
     """A CacheStore whose E[acc | cloud] is the mean over the entries still cached (session 2's estimator)."""
-    from .store import CacheStore
 
     class SurvivorMeanStore(CacheStore):
         def cloud_accuracy(self, user):
@@ -359,8 +359,6 @@ def eviction_ablation(
     kind, problems, visits, mechanism, embedder, sched, *, workload_seeds, capacities, repeats, seed
 ):
     """Hit ratio of each policy in ABLATION, paired with LRU on the same streams (stand-in upstream)."""
-    from .eviction import MultiFactorPolicy
-
     out = {}
     for cap in capacities:
         hits: dict[str, list[float]] = {name: [] for name in ABLATION}
@@ -390,12 +388,37 @@ def eviction_ablation(
                     )
         cell = {}
         for name, xs in hits.items():
-            d = summary_stats([a - b for a, b in zip(xs, hits["lru"])])
-            cell[name] = {**summary_stats(xs), "diff_vs_lru": d["mean"], "diff_se": d["std"] / math.sqrt(d["n"])}
+            d = paired_spread([a - b for a, b in zip(xs, hits["lru"])])
+            cell[name] = {**spread(xs), "diff_vs_lru": d["mean"], "diff_se": d["se"]}
         out[str(cap)] = cell
     return out
 
 
+def run_ablation(kinds, problem_sets: dict, visits: dict, mechanism, embedder, sched, *, capacities: list[int],
+                 workload_seeds: int, scheduler_seeds: int, seed: int, config: dict) -> dict:
+    """:func:`eviction_ablation` for every workload kind: the content of ldp_cache_eviction_ablation.json."""
+    res = {k: eviction_ablation(k, problem_sets[k], visits[k], mechanism, embedder, sched,
+                                workload_seeds=range(seed, seed + workload_seeds), capacities=capacities,
+                                repeats=scheduler_seeds, seed=seed)
+           for k in kinds}
+    return {
+        "ablation": res,
+        "policies": {k: str(v) for k, v in ABLATION.items()},
+        "config": config,
+        "visits": {k: visits[k] for k in kinds},
+        "capacities": capacities,
+        "workload_seeds": workload_seeds,
+        "scheduler_seeds": scheduler_seeds,
+    }
+
+
+def ablation_lines(result: dict) -> list[str]:
+    """One printed line per workload and capacity."""
+    n, r = result["workload_seeds"], result["scheduler_seeds"]
+    return [f"[{k}] ablation capacity {cap} ({n} workload x {r} scheduler seeds): "
+            + "; ".join(f"{name} {c['mean']:.3f} ({c['diff_vs_lru']:+.3f} +- {c['diff_se']:.3f} vs LRU)"
+                        for name, c in cell.items())
+            for k, per_cap in result["ablation"].items() for cap, cell in per_cap.items()]
 
 
 def evaluate_workload(queries: list[dict], problems: list[dict], answers: list, plain_text: dict, *, mechanism,
@@ -409,8 +432,6 @@ def evaluate_workload(queries: list[dict], problems: list[dict], answers: list, 
     over the same perturbations, so a miss replays the no-cache answer through ``upstream`` (memoized).
     Marks each query with ``ref`` (the plain answer's number) and ``no_cache_correct``.
     """
-    from .scheduler import ThresholdScheduler
-
     progress = progress or (lambda it, desc: it)
     qs, n = queries, len(queries)
     no_cache = {
