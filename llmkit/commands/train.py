@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from pathlib import Path
 
 
 def register(sub):
@@ -22,29 +21,12 @@ def register(sub):
 
 
 def parse_method_args(method: str, argv: list[str]):
-    from trl import TrlParser
-
-    from llmkit.cli import UserError
+    """(the method's recipe module, its parsed config dataclasses); see ``llmkit.train.skeleton.parse_args``."""
     from llmkit.train import METHODS
+    from llmkit.train.skeleton import parse_args
 
     module = importlib.import_module(METHODS[method])
-    for i, a in enumerate(argv):
-        if a == "--config" and i + 1 < len(argv) and not Path(argv[i + 1]).is_file():
-            raise UserError(f"config file not found: {argv[i + 1]}")
-    parser = TrlParser(module.CONFIG_CLASSES, prog=f"llmkit train {method}")
-    _orig_error = parser.error
-
-    def one_line_error(message):  # keep the CLI's one-line contract
-        parser.exit(2, f"llmkit train {method}: error: {message}\n")
-
-    parser.error = one_line_error
-    try:
-        configs = parser.parse_args_and_config(args=argv)
-    except ValueError as e:  # unknown YAML keys and bad values surface as ValueError
-        raise UserError(str(e)) from None
-    finally:
-        parser.error = _orig_error
-    return module, configs
+    return module, parse_args(module.CONFIG_CLASSES, argv, prog=f"llmkit train {method}")
 
 
 def run(args) -> int:

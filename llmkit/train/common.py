@@ -10,12 +10,13 @@
 * ``completion_loss(model, tok, records, ...)``: mean per-token NLL of the
   completions given their chat prompts -- a held-out / forgetting measure
   that does not depend on the trainer's own loss.
-* ``save_resolved_config(output_dir, *configs)``: the parsed dataclasses as YAML.
+* ``resolved_config(*configs)`` / ``save_resolved_config(output_dir, *configs)``: the parsed dataclasses
+  merged into one dict / written as YAML (``llmkit.train.skeleton`` also writes it as JSON).
 * ``wait_for_everyone()``: a barrier across the processes of an ``accelerate launch`` run (a no-op in
   one process); recipes do side work (evaluations, plots, results files) on the main process
   (``training_args.process_index == 0``) and let the others wait for what it writes.
 * ``MetricsJsonlCallback``: every Trainer log line appended to ``metrics.jsonl``.
-* ``plot_curves`` / ``plot_metrics_file``: matplotlib PNGs of loss curves.
+* ``plot_curves`` / ``plot_metrics_file``: matplotlib PNGs of curves / of a ``metrics.jsonl``'s losses.
 """
 
 from __future__ import annotations
@@ -190,10 +191,8 @@ def _plain(v: Any) -> Any:
     return str(getattr(v, "value", v))  # enums, paths, dtypes
 
 
-def save_resolved_config(output_dir: str | Path, *configs, filename: str = "resolved_config.yaml") -> Path:
-    """Write every parsed config dataclass (field -> value, merged) as YAML that ``--config`` accepts back."""
-    import yaml
-
+def resolved_config(*configs) -> dict[str, Any]:
+    """Every parsed config dataclass merged into one plain dict (field -> value), secrets left out."""
     merged: dict[str, Any] = {}
     for cfg in configs:
         # TrainingArguments.to_dict() also turns enums into strings and hides the hub token
@@ -201,9 +200,16 @@ def save_resolved_config(output_dir: str | Path, *configs, filename: str = "reso
         merged.update({k: _plain(v) for k, v in d.items() if not k.startswith("_")})
     merged.pop("push_to_hub_token", None)
     merged.pop("hub_token", None)
+    return merged
+
+
+def save_resolved_config(output_dir: str | Path, *configs, filename: str = "resolved_config.yaml") -> Path:
+    """Write every parsed config dataclass (field -> value, merged) as YAML that ``--config`` accepts back."""
+    import yaml
+
     path = Path(output_dir) / filename
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(merged, sort_keys=True))
+    path.write_text(yaml.safe_dump(resolved_config(*configs), sort_keys=True))
     return path
 
 

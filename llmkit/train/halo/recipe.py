@@ -6,18 +6,17 @@ Llama with a byte-level ChatML tokenizer (``llmkit.testing``) written to
 ``<output_dir>/tiny-llama`` so TRL can load it by path -- for smoke tests and
 CI only. As a teacher, ``tiny-llama`` is the same shape with another seed.
 
-Outputs in ``output_dir``: ``resolved_config.yaml``, ``checkpoint-*/``
-(resume with ``--resume_from_checkpoint true`` or a checkpoint path), the
-final model, ``metrics.jsonl`` (every log line, with halo_t, active units,
-optimizer-state MB), ``loss_curve.png``, and ``halo_results.json`` (final
-losses and forgetting = completion loss on ``forget_data`` after minus before).
+Outputs in ``output_dir``: ``resolved_config.yaml`` (and ``.json``),
+``checkpoint-*/`` (rerunning the same command resumes from the last one;
+``--resume_from_checkpoint PATH`` picks one), the final model,
+``metrics.jsonl`` (every log line, with halo_t, active units, optimizer-state
+MB), ``loss_curve.png``, and ``halo_results.json`` (final losses and
+forgetting = completion loss on ``forget_data`` after minus before).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import time
 from pathlib import Path
 
 from trl import ModelConfig
@@ -32,18 +31,6 @@ def prepare_model_path(name: str | None, output_dir: Path, seed: int = 0, is_mai
     from llmkit.models import prepare_model_path as _prepare
 
     return _prepare(name, output_dir, seed=seed, is_main=is_main)
-
-
-def _wait_for_main(training_args) -> None:
-    from accelerate import PartialState
-
-    PartialState().wait_for_everyone()
-
-
-def _resume_arg(value):
-    if isinstance(value, str) and value.lower() in ("true", "last", "latest"):
-        return True
-    return value or None
 
 
 def _load_data(halo_args: HaloArguments, fmt: str):
@@ -68,29 +55,21 @@ def main(halo_args: HaloArguments, training_args: HaloConfig, model_args: ModelC
 
     from llmkit.cli import UserError
     from llmkit.models import load_for_training
-    from llmkit.train.common import (
-        DataError,
-        MetricsJsonlCallback,
-        completion_loss,
-        plot_metrics_file,
-        save_resolved_config,
-    )
+    from llmkit.train.common import DataError, completion_loss, wait_for_everyone
     from llmkit.train.halo.trainer import trainer_class
+    from llmkit.train.skeleton import RecipeRun
 
-    out = Path(training_args.output_dir)
-    is_main = training_args.process_index == 0
     distill = bool(training_args.teacher_model_name_or_path)
-    if is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        print(f"[halo] {'distillation' if distill else 'SFT'} with schedule {halo_args.halo_method}; "
-              f"outputs in {out.resolve()}", flush=True)
-        save_resolved_config(out, halo_args, training_args, model_args)
+    run = RecipeRun("halo", training_args, halo_args, training_args, model_args)
+    out = run.out
+    run.log(f"{'distillation' if distill else 'SFT'} with schedule {halo_args.halo_method}; "
+            f"outputs in {out.resolve()}")
 
-    model_path = prepare_model_path(model_args.model_name_or_path, out, seed=0, is_main=is_main)
+    model_path = prepare_model_path(model_args.model_name_or_path, out, seed=0, is_main=run.is_main)
     if distill:
         training_args.teacher_model_name_or_path = prepare_model_path(
-            training_args.teacher_model_name_or_path, out, seed=1, is_main=is_main)
-    _wait_for_main(training_args)
+            training_args.teacher_model_name_or_path, out, seed=1, is_main=run.is_main)
+    wait_for_everyone()
 
     model, tok = load_for_training(dataclasses.replace(model_args, model_name_or_path=model_path))
 
@@ -100,14 +79,12 @@ def main(halo_args: HaloArguments, training_args: HaloConfig, model_args: ModelC
     except DataError as e:
         raise UserError(str(e)) from None
 
-    cls = trainer_class(distill)
     kwargs = {"model": model, "args": training_args, "train_dataset": train_ds, "eval_dataset": eval_ds,
-                  "processing_class": tok, "peft_config": get_peft_config(model_args),
-                  "callbacks": [MetricsJsonlCallback(out / "metrics.jsonl")],
-                  "halo_callback_kwargs": halo_args.callback_kwargs(seed=training_args.seed)}
+              "processing_class": tok, "peft_config": get_peft_config(model_args), "callbacks": run.callbacks(),
+              "halo_callback_kwargs": halo_args.callback_kwargs(seed=training_args.seed)}
     if distill:
         kwargs["teacher_model"] = training_args.teacher_model_name_or_path
-    trainer = cls(**kwargs)
+    trainer = trainer_class(distill)(**kwargs)
 
     def forget_loss():
         if not forget_rows:
@@ -116,14 +93,12 @@ def main(halo_args: HaloArguments, training_args: HaloConfig, model_args: ModelC
                                batch_size=training_args.per_device_eval_batch_size)
 
     forget_before = forget_loss()
-    start = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=_resume_arg(training_args.resume_from_checkpoint))
-    wall = time.perf_counter() - start
+    result = run.train(trainer)
     trainer.save_model()
     forget_after = forget_loss()
     final_eval = trainer.evaluate() if eval_ds is not None else {}
 
-    if is_main:
+    if run.is_main:
         summary = {
             "mode": "distillation" if distill else "sft",
             "halo_method": halo_args.halo_method,
@@ -136,14 +111,12 @@ def main(halo_args: HaloArguments, training_args: HaloConfig, model_args: ModelC
             "forget_loss_after": forget_after,
             "forgetting": (forget_after - forget_before) if forget_rows else None,
             "peak_optimizer_state_mb": max(trainer.halo.optimizer_bytes, default=0) / 2**20,
-            "train_wall_s": wall,
+            "train_wall_s": run.train_seconds,
         }
-        (out / "halo_results.json").write_text(json.dumps(summary, indent=2) + "\n")
-        png = plot_metrics_file(out / "metrics.jsonl", out / "loss_curve.png",
-                                title=f"{summary['mode']} / {halo_args.halo_method}")
+        path = run.write_results("halo_results.json", summary)
+        png = run.plot_loss(f"{summary['mode']} / {halo_args.halo_method}")
         for k in ("train_loss", "eval_loss", "forgetting", "peak_optimizer_state_mb"):
             if summary[k] is not None:
-                print(f"[halo] {k}: {summary[k]:.4f}", flush=True)
-        print(f"[halo] results: {(out / 'halo_results.json').resolve()}"
-              + (f"; loss curve: {png.resolve()}" if png else ""), flush=True)
+                run.log(f"{k}: {summary[k]:.4f}")
+        run.log(f"results: {path.resolve()}" + (f"; loss curve: {png.resolve()}" if png else ""))
     return 0

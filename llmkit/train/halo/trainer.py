@@ -23,6 +23,11 @@ from __future__ import annotations
 import warnings
 
 from transformers import TrainerCallback
+from trl import SFTTrainer
+
+with warnings.catch_warnings():  # TRL marks its experimental package with a warning on import
+    warnings.simplefilter("ignore")
+    from trl.experimental.gkd import GKDTrainer
 
 from llmkit.optim.hf import LlmkitOptimTrainerMixin
 from llmkit.train.halo.controller import HaloController, optimizer_state_bytes
@@ -131,25 +136,14 @@ class HaloTrainerMixin:
         return super().log(logs, *args, **kwargs)
 
 
-def _sft_trainer():
-    from trl import SFTTrainer
-
-    class HaloSFTTrainer(LlmkitOptimTrainerMixin, HaloTrainerMixin, SFTTrainer):
-        pass
-
-    return HaloSFTTrainer
+class HaloSFTTrainer(LlmkitOptimTrainerMixin, HaloTrainerMixin, SFTTrainer):
+    """TRL's ``SFTTrainer`` with HALO unfreezing (``halo_callback_kwargs``: ``HaloCallback``'s arguments)."""
 
 
-def _gkd_trainer():
-    with warnings.catch_warnings():  # TRL marks its experimental package with a warning on import
-        warnings.simplefilter("ignore")
-        from trl.experimental.gkd import GKDTrainer
-
-    class HaloGKDTrainer(LlmkitOptimTrainerMixin, HaloTrainerMixin, GKDTrainer):
-        pass
-
-    return HaloGKDTrainer
+class HaloGKDTrainer(LlmkitOptimTrainerMixin, HaloTrainerMixin, GKDTrainer):
+    """TRL's ``GKDTrainer`` (``lmbda=0``: off-policy KD) with HALO unfreezing."""
 
 
-def trainer_class(distill: bool):
-    return _gkd_trainer() if distill else _sft_trainer()
+def trainer_class(distill: bool) -> type:
+    """``HaloGKDTrainer`` for distillation, else ``HaloSFTTrainer``."""
+    return HaloGKDTrainer if distill else HaloSFTTrainer

@@ -1,8 +1,8 @@
 """``llmkit train hgms``: SFT on a mixture of data sources whose weights are learned while training.
 
-Outputs in ``output_dir``: ``resolved_config.yaml``, ``checkpoint-*/`` (each with ``hgms_state.json``:
-weights, history, counters; resume with ``--resume_from_checkpoint true``), the final model (or LoRA
-adapter), ``metrics.jsonl`` (losses, ``weight/<source>``, the method's signal), ``loss_curve.png``,
+Outputs in ``output_dir``: ``resolved_config.yaml`` (and ``.json``), ``checkpoint-*/`` (each with
+``hgms_state.json``: weights, history, counters; rerunning the same command resumes from the last one with
+those weights, ``--resume_from_checkpoint PATH`` picks one), the final model (or LoRA adapter), ``metrics.jsonl`` (losses, ``weight/<source>``, the method's signal), ``loss_curve.png``,
 ``source_weights.json`` (``{"final": {name: w}, "history": [{"step": s, "weights": {...}}]}``),
 ``source_weights.png`` and ``hgms_results.json`` (losses on the target and held-out sets after
 training, examples per source, extra passes and seconds spent on weighting). With ``weighting: doremi``
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from pathlib import Path
 
 from trl import ModelConfig
@@ -22,12 +21,6 @@ from trl import ModelConfig
 from llmkit.train.hgms.config import HgmsArguments, HgmsConfig
 
 CONFIG_CLASSES = (HgmsArguments, HgmsConfig, ModelConfig)
-
-
-def _resume_arg(value):
-    if isinstance(value, str) and value.lower() in ("true", "last", "latest"):
-        return True
-    return value or None
 
 
 def build_mixture(args: HgmsArguments):
@@ -106,7 +99,7 @@ def make_trainer(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args
     from llmkit.cli import UserError
     from llmkit.models import load_for_training
     from llmkit.train.common import DataError
-    from llmkit.train.hgms.trainer import WeightController, trainer_class
+    from llmkit.train.hgms.trainer import HgmsSFTTrainer, WeightController
 
     if not hgms_args.parsed_sources:
         raise UserError("hgms: the config names no sources (sources: [{name, path}, ...])")
@@ -126,8 +119,7 @@ def make_trainer(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args
                                   lr=hgms_args.weights_lr, smoothing=hgms_args.weights_smoothing,
                                   normalize=hgms_args.weights_normalize, interval=hgms_args.weights_update_interval,
                                   odm_decay=hgms_args.odm_decay)
-    cls = trainer_class()
-    trainer = cls(model=model, args=training_args, train_dataset=train_ds,
+    trainer = HgmsSFTTrainer(model=model, args=training_args, train_dataset=train_ds,
                   eval_dataset={"target": target_ds} if target_ds is not None else None,
                   processing_class=tok, peft_config=get_peft_config(model_args), callbacks=list(callbacks),
                   controller=controller, source_sizes=sizes, probe_batch_size=hgms_args.probe_batch_size,
@@ -143,35 +135,19 @@ def make_trainer(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args
 
 
 def main(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args: ModelConfig) -> int:
-    from transformers.trainer_utils import get_last_checkpoint
-
-    from llmkit.train.common import (
-        MetricsJsonlCallback,
-        completion_loss,
-        plot_metrics_file,
-        save_resolved_config,
-    )
+    from llmkit.train.common import completion_loss
     from llmkit.train.hgms.trainer import STATE_FILE
+    from llmkit.train.skeleton import RecipeRun
 
-    out = Path(training_args.output_dir)
-    is_main = training_args.process_index == 0
-    if is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        print(f"[hgms] weighting {hgms_args.weighting} over sources "
-              f"{', '.join(s.name for s in hgms_args.parsed_sources)}; outputs in {out.resolve()}", flush=True)
-        save_resolved_config(out, hgms_args, training_args, model_args)
-    trainer, tok, target_rows, heldout_rows = make_trainer(
-        hgms_args, training_args, model_args, out=out, is_main=is_main,
-        callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")])
-
-    resume = _resume_arg(training_args.resume_from_checkpoint)
-    if resume:
-        ckpt = get_last_checkpoint(str(out)) if resume is True else str(resume)
-        if ckpt and (Path(ckpt) / STATE_FILE).is_file():
-            trainer.hgms.load(json.loads((Path(ckpt) / STATE_FILE).read_text()))
-    start = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=resume)
-    wall = time.perf_counter() - start
+    run = RecipeRun("hgms", training_args, hgms_args, training_args, model_args)
+    out = run.out
+    run.log(f"weighting {hgms_args.weighting} over sources "
+            f"{', '.join(s.name for s in hgms_args.parsed_sources)}; outputs in {out.resolve()}")
+    trainer, tok, target_rows, heldout_rows = make_trainer(hgms_args, training_args, model_args, out=out,
+                                                           is_main=run.is_main, callbacks=run.callbacks())
+    if run.resume and (Path(run.resume) / STATE_FILE).is_file():  # the weights the checkpoint was trained with
+        trainer.hgms.load(json.loads((Path(run.resume) / STATE_FILE).read_text()))
+    result = run.train(trainer)
     trainer.save_model()
 
     def loss_on(rows):
@@ -181,7 +157,7 @@ def main(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args: ModelC
                                batch_size=training_args.per_device_eval_batch_size)
 
     target_loss, heldout_loss = loss_on(target_rows), loss_on(heldout_rows)
-    if is_main:
+    if run.is_main:
         c = trainer.hgms
         wpath = c.save_weights(out / "source_weights.json")
         png = c.plot(out / "source_weights.png")
@@ -202,13 +178,13 @@ def main(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args: ModelC
             "reference_steps": (hgms_args.doremi_reference_steps or training_args.max_steps)
             if hgms_args.weighting == "doremi" and not hgms_args.doremi_reference_model else 0,
             "weighting_seconds": c.update_seconds,
-            "train_wall_s": wall,
+            "train_wall_s": run.train_seconds,
         }
-        (out / "hgms_results.json").write_text(json.dumps(summary, indent=2) + "\n")
-        plot_metrics_file(out / "metrics.jsonl", out / "loss_curve.png", title=f"hgms / {hgms_args.weighting}")
-        print("[hgms] final weights: " + ", ".join(f"{n}={w:.3f}" for n, w in c.weights_dict().items()), flush=True)
+        run.write_results("hgms_results.json", summary)
+        run.plot_loss(f"hgms / {hgms_args.weighting}")
+        run.log("final weights: " + ", ".join(f"{n}={w:.3f}" for n, w in c.weights_dict().items()))
         for k in ("train_loss", "target_loss", "heldout_loss"):
             if summary[k] is not None:
-                print(f"[hgms] {k}: {summary[k]:.4f}", flush=True)
-        print(f"[hgms] weights: {wpath.resolve()}; plot: {png.resolve()}", flush=True)
+                run.log(f"{k}: {summary[k]:.4f}")
+        run.log(f"weights: {wpath.resolve()}; plot: {png.resolve()}")
     return 0

@@ -6,8 +6,8 @@ quantize its linear layers group-wise (``quant.py``), or, when the folder holds
 measure held-out completion loss and the two-choice task accuracy; train with ``LQZOTrainer``; save;
 measure again.
 
-Outputs in ``output_dir``: ``resolved_config.yaml``, ``checkpoint-*/`` (resume with
-``--resume_from_checkpoint true``), the final model as a normal HF folder (dense dequantized weights,
+Outputs in ``output_dir``: ``resolved_config.yaml`` (and ``.json``), ``checkpoint-*/`` (rerunning the same
+command resumes from the last one; ``--resume_from_checkpoint PATH`` picks one), the final model as a normal HF folder (dense dequantized weights,
 what ``llmkit eval/chat/serve`` load) plus ``lqzo_quant.safetensors`` + ``lqzo_quant.json`` (the
 integer codes, zero points and trained scales, to resume or continue quantized), ``metrics.jsonl``,
 ``loss_curve.png`` and ``lqzo_results.json`` (losses and accuracy before/after, memory held).
@@ -16,7 +16,6 @@ integer codes, zero points and trained scales, to resume or continue quantized),
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from trl import ModelConfig
@@ -24,12 +23,6 @@ from trl import ModelConfig
 from llmkit.train.lqzo.config import LQZOArguments, LQZOConfig
 
 CONFIG_CLASSES = (LQZOArguments, LQZOConfig, ModelConfig)
-
-
-def _resume_arg(value):
-    if isinstance(value, str) and value.lower() in ("true", "last", "latest"):
-        return True
-    return value or None
 
 
 def prepare_quantized(model, model_path: str, settings: dict, progress: bool = True) -> str:
@@ -92,24 +85,22 @@ def measure(model, tok, eval_rows, acc_rows, max_length: int, batch_size: int) -
 def main(zo_args: LQZOArguments, training_args: LQZOConfig, model_args: ModelConfig) -> int:
     from llmkit.cli import UserError
     from llmkit.models import load_for_training
-    from llmkit.train.common import DataError, MetricsJsonlCallback, plot_metrics_file, save_resolved_config
+    from llmkit.train.common import DataError
     from llmkit.train.lqzo.quant import held_bytes
     from llmkit.train.lqzo.trainer import LQZOTrainer
+    from llmkit.train.skeleton import RecipeRun
 
-    out = Path(training_args.output_dir)
-    is_main = training_args.process_index == 0
     settings = zo_args.resolved()
     if settings["quant_bits"] == 0 and settings["method"] != "mezo":
         raise UserError(f"zo_method {settings['method']} trains quantization scales: set quant_bits to 2 or 4 "
                         "(or use zo_method mezo for a full-precision model)")
     if getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False):
         raise UserError("lqzo quantizes the model itself (quant_bits); drop load_in_4bit/load_in_8bit")
-    if is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        save_resolved_config(out, zo_args, training_args, model_args)
-        print(f"[lqzo] {settings['method']}: rank {settings['rank']}, {settings['distribution']}, isotropic "
-              f"{settings['isotropic']}, scales {settings['scale_mode']}, clip {settings['clip']}, q {settings['num_directions']}; outputs in "
-              f"{out.resolve()}", flush=True)
+    run = RecipeRun("lqzo", training_args, zo_args, training_args, model_args)
+    out, is_main = run.out, run.is_main
+    run.log(f"{settings['method']}: rank {settings['rank']}, {settings['distribution']}, isotropic "
+            f"{settings['isotropic']}, scales {settings['scale_mode']}, clip {settings['clip']}, "
+            f"q {settings['num_directions']}; outputs in {out.resolve()}")
 
     model, tok = load_for_training(model_args, output_dir=out, seed=0, is_main=is_main)
     model_path = str(getattr(model, "name_or_path", "") or model_args.model_name_or_path)
@@ -129,16 +120,12 @@ def main(zo_args: LQZOArguments, training_args: LQZOConfig, model_args: ModelCon
         what = prepare_quantized(model, model_path, settings, progress=is_main)
     except ValueError as e:
         raise UserError(f"cannot quantize {model_path}: {e}") from None
-    if is_main:
-        print(f"[lqzo] {what}", flush=True)
+    run.log(what)
     before = measure(model, tok, eval_rows, acc_rows, max_len, bs) if is_main else {}
 
     trainer = LQZOTrainer(model=model, args=training_args, train_dataset=train_ds, eval_dataset=eval_ds,
-                          processing_class=tok, callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")],
-                          zo_settings=settings)
-    start = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=_resume_arg(training_args.resume_from_checkpoint))
-    wall = time.perf_counter() - start
+                          processing_class=tok, callbacks=run.callbacks(), zo_settings=settings)
+    result = run.train(trainer)
     trainer.save_model()
 
     if is_main:
@@ -163,17 +150,16 @@ def main(zo_args: LQZOArguments, training_args: LQZOConfig, model_args: ModelCon
             "zo_copy_bytes": trainer.zo.backup_bytes(),
             "optimizer_state_bytes": sum(t.numel() * t.element_size() for st in trainer.optimizer.state.values()
                                          for t in st.values() if hasattr(t, "numel")),
-            "train_wall_s": wall,
+            "train_wall_s": run.train_seconds,
             "saved": {"hf_checkpoint": str(out.resolve()),
                       "quant_state": str((out / "lqzo_quant.safetensors").resolve()) if settings["quant_bits"] else None},
         }
-        (out / "lqzo_results.json").write_text(json.dumps(summary, indent=2) + "\n")
-        png = plot_metrics_file(out / "metrics.jsonl", out / "loss_curve.png", title=f"ZO / {settings['method']}")
+        path = run.write_results("lqzo_results.json", summary)
+        png = run.plot_loss(f"ZO / {settings['method']}")
         for k in ("eval_loss_full_precision", "eval_loss_before", "eval_loss_after", "accuracy_before",
                   "accuracy_after"):
             if summary[k] is not None:
-                print(f"[lqzo] {k}: {summary[k]:.4f}", flush=True)
-        print(f"[lqzo] results: {(out / 'lqzo_results.json').resolve()}"
-              + (f"; loss curve: {png.resolve()}" if png else ""), flush=True)
+                run.log(f"{k}: {summary[k]:.4f}")
+        run.log(f"results: {path.resolve()}" + (f"; loss curve: {png.resolve()}" if png else ""))
     return 0
 

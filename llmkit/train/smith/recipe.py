@@ -30,7 +30,7 @@ Where this code deviates, and why:
   writes a parseable tool or call, and RL has no signal. Off by default; the bench says when it is used.
 * The "combined" aggregation (one scalar reward = schema + code + outcome) is the paper's ablation.
 
-Outputs in ``output_dir``: ``resolved_config.yaml``; ``pool/`` (the seeded tools and the tools the policy built, with provenance);
+Outputs in ``output_dir``: ``resolved_config.yaml`` (and ``.json``); ``pool/`` (the seeded tools and the tools the policy built, with provenance);
 ``checkpoint-*/`` (rerunning the same command resumes from the last one; the pool on disk carries over);
 the final model; ``metrics.jsonl`` (``rewards/schema_reward/mean``, ``rewards/code_reward/mean``,
 ``rewards/outcome_reward/mean``, ``smith/pool_size`` ...); ``reward_curves.png``; ``eval.json`` (held-out
@@ -49,20 +49,6 @@ from llmkit.train.smith.config import SmithConfig
 
 CONFIG_CLASSES = (SmithConfig, ModelConfig)
 AXES = ("schema_reward", "code_reward", "outcome_reward")
-CURVE_KEYS = tuple(f"rewards/{a}/mean" for a in AXES) + ("rewards/combined_reward/mean", "smith/pool_size")
-
-
-def _resume_arg(value, out: Path, is_main: bool = True):
-    if isinstance(value, str) and value.lower() in ("true", "last", "latest"):
-        return True
-    if value:
-        return value
-    from transformers.trainer_utils import get_last_checkpoint
-
-    last = get_last_checkpoint(str(out)) if out.is_dir() else None
-    if last and is_main:
-        print(f"resuming from {last}")
-    return last
 
 
 def reward_functions(cfg: SmithConfig, pool):
@@ -224,22 +210,6 @@ def evaluate_policy(model, tok, cfg: SmithConfig, out: Path, tag: str) -> dict:
             "built": {k: {a: v[a] for a in ("schema", "code", "outcome", "added")} for k, v in built.items()}}
 
 
-def plot_reward_curves(metrics: Path, png: Path, title: str) -> Path | None:
-    from llmkit.train.common import plot_curves
-
-    if not metrics.is_file():
-        return None
-    series: dict[str, tuple[list, list]] = {k: ([], []) for k in CURVE_KEYS}
-    for line in metrics.read_text().splitlines():
-        rec = json.loads(line)
-        for k in CURVE_KEYS:
-            if isinstance(rec.get(k), (int, float)):
-                series[k][0].append(rec["step"])
-                series[k][1].append(rec[k])
-    series = {k.replace("rewards/", "").replace("/mean", ""): v for k, v in series.items() if v[0]}
-    return plot_curves(series, png, title=title, ylabel="reward / pool size") if series else None
-
-
 def main(cfg: SmithConfig, model_args: ModelConfig | None = None) -> int:
     from datasets import Dataset
     from trl import get_peft_config
@@ -247,14 +217,14 @@ def main(cfg: SmithConfig, model_args: ModelConfig | None = None) -> int:
     from llmkit.models import load_for_training
     from llmkit.tools import sandbox, tasks
     from llmkit.tools.pool import ToolPool
-    from llmkit.train.common import MetricsJsonlCallback, save_resolved_config, wait_for_everyone
+    from llmkit.train.common import wait_for_everyone
+    from llmkit.train.skeleton import RecipeRun
     from llmkit.train.smith.trainer import SmithTrainer, make_rows
 
     model_args = model_args or ModelConfig()
     out = Path(cfg.output_dir)
     # under `accelerate launch` every rank trains (and its rollouts add to the shared pool folder); the side
     # work (config, evaluations, plot, eval.json) runs on the main process only
-    is_main = cfg.process_index == 0
     out.mkdir(parents=True, exist_ok=True)
     ok, why = sandbox.check_available()
     if not ok and not cfg.unsafe_no_sandbox:
@@ -264,11 +234,12 @@ def main(cfg: SmithConfig, model_args: ModelConfig | None = None) -> int:
     leaked = set(families) & set(tasks.HELDOUT_FAMILIES)
     if leaked:
         raise ValueError(f"train_families includes held-out families {sorted(leaked)}; they must stay unseen")
-    if is_main:
-        print(f"saved {save_resolved_config(out, cfg, model_args)}")
+    run = RecipeRun("smith", cfg, cfg, model_args)
+    is_main, resume = run.is_main, run.resume
+    if run.config_path:
+        print(f"saved {run.config_path}")
     model, tok = load_for_training(model_args, output_dir=out, seed=cfg.tiny_model_seed, is_main=is_main)
     pool = ToolPool(cfg.pool_dir or out / "pool")
-    resume = _resume_arg(cfg.resume_from_checkpoint, out, is_main)
     results: dict = {"model": str(model_args.model_name_or_path), "reward_aggregation": cfg.reward_aggregation,
                      "warm_start_steps": cfg.warm_start_steps}
     eval_json = out / "eval.json"
@@ -292,10 +263,9 @@ def main(cfg: SmithConfig, model_args: ModelConfig | None = None) -> int:
     trainer = SmithTrainer(model=model, args=cfg, reward_funcs=funcs, train_dataset=Dataset.from_list(rows),
                            processing_class=tok, peft_config=get_peft_config(model_args), pool=pool,
                            build_examples=cfg.build_examples, use_share=cfg.use_share,
-                           callbacks=[MetricsJsonlCallback(out / "metrics.jsonl")])
-    t0 = time.time()
-    trainer.train(resume_from_checkpoint=resume)
-    results["train_seconds"] = round(time.time() - t0, 1)
+                           callbacks=run.callbacks())
+    run.train(trainer)
+    results["train_seconds"] = round(run.train_seconds, 1)
     results["steps"] = trainer.state.global_step
     # the share of use rollouts in each logged GRPO step (the check that both skills train every step)
     results["use_fraction"] = [r["smith/use_fraction"] for r in trainer.state.log_history
@@ -312,9 +282,9 @@ def main(cfg: SmithConfig, model_args: ModelConfig | None = None) -> int:
     if cfg.eval_n > 0:
         model = trainer.accelerator.unwrap_model(trainer.model)
         results["after"] = evaluate_policy(model, tok, cfg, out, "after")
-    png = plot_reward_curves(out / "metrics.jsonl", out / "reward_curves.png", f"SMITH ({cfg.reward_aggregation})")
+    png = run.plot_rewards(f"SMITH ({cfg.reward_aggregation})", ("smith/pool_size",), ylabel="reward / pool size")
     if png:
         print(f"reward curves: {png}")
-    eval_json.write_text(json.dumps(results, indent=2) + "\n")
+    run.write_results(eval_json.name, results)
     print(f"pool: {len(pool)} tool(s) in {pool.path}; results: {eval_json}")
     return 0

@@ -10,7 +10,7 @@ reaches ``target_behavior_rate`` (null: not reached by ``max_steps``; guidance: 
 Model names: a Hugging Face id or local folder, the bundled alias (default), or ``tiny-llama`` (a random
 2-layer Llama with a byte-level ChatML tokenizer written to ``<output_dir>/tiny-llama``; smoke tests only).
 
-Outputs in ``output_dir``: ``resolved_config.yaml``; ``steering/`` (the vector used, extracted from the
+Outputs in ``output_dir``: ``resolved_config.yaml`` (and ``.json``); ``steering/`` (the vector used, extracted from the
 behaviour's contrastive pairs unless ``steering_vector`` names one); ``checkpoint-*/`` (a rerun of the same
 command resumes from the last one; ``--resume_from_checkpoint PATH`` picks one); the final model;
 ``metrics.jsonl``; ``reward_curves.png``; ``eval.json`` (behaviour rate and task accuracy before/after;
@@ -43,12 +43,6 @@ def prepare_model_path(name: str | None, output_dir: Path, seed: int = 0, is_mai
     from llmkit.models import prepare_model_path as _prepare
 
     return _prepare(name, output_dir, seed=seed, is_main=is_main)
-
-
-def _wait_for_everyone() -> None:
-    from accelerate import PartialState
-
-    PartialState().wait_for_everyone()
 
 
 def behavior_kwargs(cfg: VSPOConfig) -> dict:
@@ -107,19 +101,6 @@ def steering_vector_for(cfg: VSPOConfig, model, tok, train_rows: list[dict], out
     return vec
 
 
-def _resume_arg(value, out: Path):
-    if isinstance(value, str) and value.lower() in ("true", "last", "latest"):
-        return True
-    if value:
-        return value
-    from transformers.trainer_utils import get_last_checkpoint
-
-    last = get_last_checkpoint(str(out)) if out.is_dir() else None
-    if last:
-        print(f"resuming from {last}")
-    return last
-
-
 def rollouts_per_step(metrics: Path, behavior: str) -> list[dict]:
     """Per logged training step: the rollouts' mean behaviour reward and the steered / unsteered mean rewards."""
     keys = {f"rewards/{behavior}/mean": "behavior_reward", "vspo/reward_steered": "reward_steered",
@@ -133,25 +114,6 @@ def rollouts_per_step(metrics: Path, behavior: str) -> list[dict]:
             if row and "step" in rec:
                 rows.append({"step": rec["step"], **row})
     return rows
-
-
-def plot_reward_curves(metrics: Path, png: Path, title: str) -> Path | None:
-    from llmkit.train.common import plot_curves
-
-    if not metrics.is_file():
-        return None
-    series: dict[str, tuple[list, list]] = {k: ([], []) for k in CURVE_KEYS}
-    for line in metrics.read_text().splitlines():
-        rec = json.loads(line)
-        per_reward = [k for k in rec if k.startswith("rewards/") and k.endswith("/mean")]  # one curve per reward
-        for k in per_reward:
-            series.setdefault(k, ([], []))
-        for k in list(CURVE_KEYS) + per_reward:
-            if isinstance(rec.get(k), (int, float)):
-                series[k][0].append(rec["step"])
-                series[k][1].append(rec[k])
-    series = {k: v for k, v in series.items() if v[0]}
-    return plot_curves(series, png, title=title, ylabel="reward / alpha") if series else None
 
 
 def time_budget_callback(minutes: float, started: float):
@@ -196,22 +158,22 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
     from trl import get_peft_config
 
     from llmkit.models import load_for_training
-    from llmkit.train.common import MetricsJsonlCallback, save_resolved_config
+    from llmkit.train.common import wait_for_everyone
+    from llmkit.train.skeleton import RecipeRun
     from llmkit.train.vspo.data import build_rows, load_records
     from llmkit.train.vspo.evaluate import evaluate
     from llmkit.train.vspo.trainer import VSPOTrainer
 
     started = time.time()
     model_args = model_args or ModelConfig()
-    out = Path(cfg.output_dir)
     # under `accelerate launch` every rank trains; side work (config, steering extraction, evaluations,
     # plots, eval.json) happens on the main process only and the others wait for what it writes
-    is_main = cfg.process_index == 0
-    if is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        print(f"saved {save_resolved_config(out, cfg, model_args)}")
+    run = RecipeRun("vspo", cfg, cfg, model_args)
+    out, is_main, resume = run.out, run.is_main, run.resume
+    if run.config_path:
+        print(f"saved {run.config_path}")
     path = prepare_model_path(model_args.model_name_or_path, out, cfg.tiny_model_seed, is_main=is_main)
-    _wait_for_everyone()
+    wait_for_everyone()
     model, tok = load_for_training(dataclasses.replace(model_args, model_name_or_path=path))
 
     task_name = "math500" if cfg.task_reward == "math" else "gsm8k"
@@ -226,7 +188,7 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
     vector = None
     if need_vector and is_main:
         vector = steering_vector_for(cfg, model, tok, train_rows, out)
-    _wait_for_everyone()
+    wait_for_everyone()
     if need_vector and not is_main:  # the vector the main process extracted and saved (or the given one)
         vector = steering_vector_for(cfg, model, tok, train_rows, out)
     bkw = behavior_kwargs(cfg)
@@ -243,7 +205,6 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
         return r
 
     results: dict = {"mode": cfg.mode, "behavior": cfg.behavior, "model": str(model_args.model_name_or_path)}
-    resume = _resume_arg(cfg.resume_from_checkpoint, out)
     eval_json = out / "eval.json"
     if resume and eval_json.is_file():  # an earlier piece of this run wrote the evaluation before training
         earlier = json.loads(eval_json.read_text())
@@ -252,10 +213,10 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
         results["train_seconds"] = earlier.get("train_seconds", 0.0)
     if cfg.eval_before and not resume and is_main:
         results["before"] = run_eval(0.0, "before")
-        eval_json.write_text(json.dumps(results, indent=2) + "\n")
+        run.write_results(eval_json.name, results)
 
     curve: list[dict] = []
-    callbacks = [MetricsJsonlCallback(out / "metrics.jsonl")]
+    callbacks = run.callbacks()
     if cfg.stop_after_minutes is not None:
         callbacks.append(time_budget_callback(cfg.stop_after_minutes, started))
     if cfg.curve_every_steps and eval_rows and is_main and cfg.mode != "guidance":
@@ -304,14 +265,13 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
             processing_class=tok, peft_config=get_peft_config(model_args), steering_vector=vector,
             callbacks=callbacks,
         )
-        t0 = time.time()
-        trainer.train(resume_from_checkpoint=resume)
-        results["train_seconds"] = round(results.get("train_seconds", 0.0) + time.time() - t0, 1)  # all pieces
+        run.train(trainer)
+        results["train_seconds"] = round(results.get("train_seconds", 0.0) + run.train_seconds, 1)  # all pieces
         results["steps"] = trainer.state.global_step
         if trainer.state.global_step < trainer.state.max_steps:
             results["stopped_early"] = True
             if is_main:
-                eval_json.write_text(json.dumps(results, indent=2) + "\n")
+                run.write_results(eval_json.name, results)
             print(f"stopped after step {trainer.state.global_step}/{trainer.state.max_steps} "
                   f"(stop_after_minutes={cfg.stop_after_minutes:g}); rerun the same command to resume")
             return 0
@@ -328,8 +288,7 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
             results["aligned_alpha_range"] = [lo, hi]
             results["steered_share_above_base"] = scheduled_share_in_range(
                 cfg, trainer.state.max_steps, cfg.num_generations, lo, hi)
-        png = plot_reward_curves(out / "metrics.jsonl", out / "reward_curves.png",
-                                 f"{cfg.mode} / {cfg.behavior}")
+        png = run.plot_rewards(f"{cfg.mode} / {cfg.behavior}", CURVE_KEYS, ylabel="reward / alpha")
         if png:
             print(f"reward curves: {png}")
     if not is_main:
@@ -338,6 +297,5 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
         results["curve"] = curve
         results["target_behavior_rate"] = cfg.target_behavior_rate
         results["first_step_at_target"] = first_step_at(curve, cfg.target_behavior_rate)
-    eval_json.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results: {eval_json}")
+    print(f"results: {run.write_results(eval_json.name, results)}")
     return 0

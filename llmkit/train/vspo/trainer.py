@@ -48,6 +48,7 @@ from collections.abc import Sequence
 import torch
 from trl import GRPOTrainer
 
+from llmkit.optim.constrained import locu_constrained_step
 from llmkit.optim.hf import LlmkitOptimTrainerMixin
 from llmkit.steering import Steering, SteeringVector, check_compatible
 from llmkit.train.reward_aggregation import RewardJacobianDescentMixin
@@ -125,72 +126,6 @@ def leave_one_out_advantages(values: torch.Tensor, group_size: int) -> torch.Ten
         return torch.zeros_like(values, dtype=torch.float32)
     others = (v.sum(dim=1, keepdim=True) - v) / (group_size - 1)
     return (v - others).reshape(-1)
-
-
-def _flat(grads, params) -> torch.Tensor:
-    """Concatenated gradients, in float32 (float64 if a parameter is float64)."""
-    dtype = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
-    return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).to(dtype)
-                      for g, p in zip(grads, params)])
-
-
-def locu_step_in_span(reward_grad: torch.Tensor, constraint_grads: torch.Tensor, constraint_values: torch.Tensor,
-                      trust_radius: float, chunk: int = 1 << 22):
-    """``locu_step(reward_grad, constraint_grads, constraint_values, None, trust_radius, return_info=True)``
-    computed in an orthonormal basis of span{g, b_1..b_m}.
-
-    With the identity as Fisher, LOCU's problem sees the d-vectors only through their Gram matrix K (all its
-    steps, from screening to the Pareto-descent direction, work on K, and the step lies in the span), so
-    calling ``locu_step`` on the (m+1)-dimensional coordinates ``W^T K`` (``W = E lam^-1/2`` from K's
-    eigendecomposition, so that ``Q = U^T W`` is orthonormal) and mapping the step back with Q gives the same
-    step, without float64 copies of the d-vectors (for a 135M-parameter policy those cost more than the step).
-    Returns (step [d] in ``reward_grad``'s dtype, LocuInfo)."""
-    from llmkit.optim.constrained import locu_step
-
-    U = torch.cat([reward_grad.reshape(1, -1), constraint_grads.reshape(constraint_grads.shape[0], -1)], 0)
-    K = torch.zeros(U.shape[0], U.shape[0], dtype=torch.float64)
-    for part in U.split(chunk, dim=1):                                # float64 accumulation across chunks
-        K += (part @ part.T).to(torch.float64).cpu()
-    K = 0.5 * (K + K.T)
-    lam, E = torch.linalg.eigh(K)
-    keep = lam > 1e-12 * max(float(lam.max()), 1e-300)
-    if not bool(keep.any()):                                          # every gradient is zero: nothing moves
-        keep = torch.zeros_like(keep)
-        keep[-1] = True
-        W = torch.zeros(U.shape[0], 1, dtype=torch.float64)
-    else:
-        W = E[:, keep] / lam[keep].sqrt()
-    coords = W.T @ K                                                  # column j: Q^T u_j
-    z, info = locu_step(coords[:, 0], coords[:, 1:].T, torch.as_tensor(constraint_values, dtype=torch.float64),
-                        None, float(trust_radius), return_info=True)
-    coef = (W @ z).to(U.dtype).to(U.device)
-    step = coef @ U
-    norm = float(step.double().norm())
-    if norm > trust_radius:                                           # float32 rounding in the map back
-        step = step * (trust_radius / norm)
-    return step.to(reward_grad.dtype), info
-
-
-def locu_constrained_step(params: list[torch.Tensor], reward_loss: torch.Tensor, constraint_surrogate: torch.Tensor,
-                          constraint_value: float, trust_radius: float, grad_scale: float = 1.0):
-    """One LOCU step for one constraint, written into ``.grad``.
-
-    ``reward_loss``: a loss whose descent increases the reward (its negated gradient is LOCU's reward gradient
-    g). ``constraint_surrogate``: a scalar whose gradient b is the constraint's gradient (the constraint grows
-    along +b). ``constraint_value``: c, satisfied where <= 0. Solves ``max g^T s`` s.t. ``c + b^T s <= 0`` and
-    ``||s|| <= trust_radius`` (identity Fisher; ``locu_step_in_span``), then adds ``-grad_scale * s`` to each
-    parameter's ``.grad`` (so a descent optimizer moves along +s). Returns (s, LocuInfo)."""
-    g = -_flat(torch.autograd.grad(reward_loss, params, retain_graph=True, allow_unused=True), params)
-    b = _flat(torch.autograd.grad(constraint_surrogate, params, allow_unused=True), params)
-    step, info = locu_step_in_span(g, b[None], torch.tensor([float(constraint_value)]), trust_radius)
-    del g, b
-    offset = 0
-    for p in params:
-        n = p.numel()
-        chunk = (-grad_scale * step[offset:offset + n]).view_as(p).to(p.dtype)
-        p.grad = chunk if p.grad is None else p.grad + chunk
-        offset += n
-    return step, info
 
 
 class VSPOTrainer(LlmkitOptimTrainerMixin, RewardJacobianDescentMixin, GRPOTrainer):
