@@ -20,8 +20,8 @@ from llmkit.kernels.workbench.compiled import ARCHS, capture, compile_kernel, co
 from llmkit.kernels.workbench.taxonomy import Strategy, load_taxonomy, parse_taxonomy, taxonomy_dir
 from llmkit.kernels.workbench.verify import VerifyInputError, static_check, verify
 
-FIX = Path(__file__).resolve().parents[1] / "llmkit" / "kernels" / "workbench" / "fixtures"
-ROOT = Path(__file__).resolve().parents[1]
+FIX = Path(__file__).resolve().parents[2] / "llmkit" / "kernels" / "workbench" / "fixtures"
+ROOT = Path(__file__).resolve().parents[2]
 BAD = ["bad_example_shape", "bad_zero", "bad_cached", "bad_torch_fallback", "bad_infinite_loop"]
 
 
