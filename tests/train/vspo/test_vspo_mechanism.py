@@ -15,8 +15,8 @@ import torch
 from llmkit.steering import Steering
 from llmkit.train.vspo.trainer import group_alphas, scheduled_share_in_range
 
-# the trainer builder and steering vector of tests/test_vspo.py (a test module, so loaded by path)
-_spec = importlib.util.spec_from_file_location("vspo_base_tests", Path(__file__).parents[2] / "test_vspo.py")
+# the trainer builder and steering vector of test_trainer.py (a test module, so loaded by path)
+_spec = importlib.util.spec_from_file_location("vspo_base_tests", Path(__file__).parent / "test_trainer.py")
 _base = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_base)
 _trainer, _group_batch, vec = _base._trainer, _base._group_batch, _base.vec
