@@ -11,13 +11,13 @@ Each measurement compares llmkit with its anchor in the same run:
   ``model.generate`` (the same loop; the engine's own greedy loop runs only without a custom cache);
   decode rate = (tokens - 1 per row) / (time of the full generation - time of a 1-token generation).
   Capacity: sequences of each context length that fit the GPU's free memory, from the bytes per
-  token each cache holds (``llmkit.serving.kv_cache.evaluate``).
+  token each cache holds (``llmkit.experiments.kv_cache``).
 - ``served_throughput``: ``llmkit serve`` with the hf engine (bf16, CUDA) and with the vLLM engine,
   each driven by vLLM's own benchmark client (``vllm.benchmarks.serve``, random prompts, fixed
   input/output lengths, EOS ignored); the hf/vLLM ratio of output tokens/s.
 - ``lqzo_int2``: LQZO vs QZO on the INT2-quantized bundled model at GPU step counts (the run the CPU
   could not afford), learning rate chosen per method on validation, paired over seeds on test
-  (``llmkit.train.lqzo.benchlib``, the same protocol as ``bench/lqzo.py``).
+  (``llmkit.experiments.lqzo``, the same protocol as ``bench/lqzo.py``).
 
 :func:`plan` sizes every measurement to a budget; :func:`run` takes them in order, skips what no
 longer fits, records an error instead of losing the run, and saves after each one. Without a GPU
@@ -98,8 +98,8 @@ def inquant_decode(model: str = MODEL, contexts=(2048,), batch: int = 8, new_tok
     from transformers import DynamicCache
 
     from llmkit.engines.hf import HFEngine
+    from llmkit.experiments import kv_cache as kve
     from llmkit.generation import GenerationParams
-    from llmkit.serving.kv_cache import evaluate as kve
     from llmkit.serving.kv_cache import inquant_serving_factory
 
     engine = HFEngine(model, dtype=dtype, device=device, batch_size=batch)
@@ -204,7 +204,7 @@ def lqzo_int2(steps: int = 600, lrs=(2.5e-4,), seeds: int = 3, batch: int = 8, m
     import tempfile
 
     from llmkit.train.common import completion_loss
-    from llmkit.train.lqzo import benchlib as B
+    from llmkit.experiments import lqzo as B
     from llmkit.train.lqzo.config import LQZOArguments
 
     sp = B.bench_splits(n_train, n_val, n_test, n_acc, seed=0, data_dir=data_dir)

@@ -7,7 +7,12 @@ import json
 import pytest
 
 from llmkit.cli import UserError, build_parser, main
-from llmkit.serving.kv_cache import InQuantCache, InQuantCalibration, read_calibration_texts
+from llmkit.serving.kv_cache import (
+    InQuantCache,
+    InQuantCalibration,
+    default_calibration_path,
+    read_calibration_texts,
+)
 from llmkit.testing import tiny_llama, tiny_tokenizer
 
 
@@ -146,3 +151,11 @@ def test_lm_eval_model_uses_the_calibration_serve_would(tiny_dir, data, capsys):
     cache = lm.engine.cache_factory(lm.engine.model)
     assert cache.layout == "per-token" and cache.calibration is not None and cache.rows_mergeable
     assert "calibrated from" in capsys.readouterr().err
+
+
+def test_calibration_file_lives_in_a_subfolder_of_a_local_model(tmp_path, tiny_model, monkeypatch):
+    tiny_model.config._name_or_path = str(tmp_path)
+    assert default_calibration_path(tiny_model) == tmp_path / "kv_cache" / "inquant_calibration.safetensors"
+    monkeypatch.setenv("LLMKIT_HOME", str(tmp_path / "home"))
+    tiny_model.config._name_or_path = "org/some-model"
+    assert default_calibration_path(tiny_model) == tmp_path / "home" / "kv_calibration" / "org--some-model.safetensors"
