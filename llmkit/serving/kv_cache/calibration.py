@@ -37,9 +37,11 @@ import torch
 from llmkit.serving.kv_cache.inquant import Descriptor, gated_descriptor, token_saliency
 
 FILENAME = "inquant_calibration.safetensors"
-# The cache settings a calibration is saved with when none are given: the configuration
-# bench/kv_cache.py measured best on the bundled model (per-token key/value groups, the per-head
-# attention-score gate, 4 outlier slots per kv-head). Serving reads them back from the file.
+# The cache settings a calibration is saved with when none are given, and so what serve builds:
+# per-token key/value groups (tokens stored on arrival, no full-precision window; with shared calibrated
+# descriptors the rows of a running batch can merge), the per-head attention-score gate, 4 outlier slots
+# per kv-head. Serving reads them back from the file. How they compare with the other layouts and gates:
+# bench/results/kv_cache.md.
 SERVE_DEFAULTS = {"layout": "per-token", "gate": "score", "n_outliers": 4, "group_size": 128}
 _FIELDS = ("sal_k", "sal_v", "mag_k", "mag_v", "mean_k", "mean_v", "w_k", "w_v", "sample_k", "sample_v")
 
