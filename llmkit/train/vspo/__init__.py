@@ -4,7 +4,8 @@
 (steering at inference only) and ``teacher`` (teacher-trace distillation, ``teacher.py``). ``alignment.py``
 measures the paper's alignment condition, whose intensity range feeds the ``alpha_spread: aligned`` schedule;
 ``evaluate.py`` scores behaviour rate and accuracy. The paper's bandit abstraction and the comparison against the
-baselines live in ``llmkit.experiments.vspo`` (results: bench/results/vspo.md, vspo_bandit.md).
+baselines are benchmarks, not the method: bench/vspo_bandit.py and bench/vspo.py (results: bench/results/vspo.md,
+vspo_bandit.md).
 
 ``reward_aggregation`` picks how the rewards become one update: ``sum`` (GRPO), ``upgrad`` (Jacobian descent over
 per-reward policy gradients) or ``locu`` (maximise the reward subject to ``mean completion words <= locu_max_words``
