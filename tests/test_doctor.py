@@ -185,7 +185,7 @@ def test_inquant_comparison_passes_equal_kernels_and_names_a_mismatch():
 
 
 def test_inquant_comparison_of_the_triton_kernels_under_the_interpreter(monkeypatch):
-    """The check's comparison with the real kernels, run by Triton's interpreter (as tests/test_kv_kernels.py)."""
+    """The check's comparison with the real kernels, run by Triton's interpreter (as tests/serving/kv_cache/test_kernels.py)."""
     import triton
 
     from llmkit.doctor.checks import compare_inquant
