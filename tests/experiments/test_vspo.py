@@ -159,6 +159,29 @@ def test_apply_pick_sets_the_runs_steering_from_the_alignment_check(tmp_path, ca
     assert c["alpha_spread"] == "uniform" and c["guidance_alpha"] == 0.5 and c["alpha_max"] == 0.5
 
 
+def test_alignment_check_measures_every_candidate_on_held_out_rows_and_caches(tmp_path, monkeypatch, gsm8k_slice,
+                                                                              tiny_model, tiny_tokenizer, capsys):
+    import llmkit.models
+
+    loads = []
+    monkeypatch.setattr(llmkit.models, "load", lambda name: loads.append(name) or (tiny_model, tiny_tokenizer))
+    common = _common(train_path=str(gsm8k_slice), test_path=str(gsm8k_slice), eval_n=1, tokens=4, layer=1)
+    common.update({"steering_num_pairs": 2, "dataset_limit": 4})
+    res = ex.alignment_check(common, tmp_path, candidates="all:1;answer:2,3", align_n=2, max_words=30)
+    assert loads == ["m"] and res["n"] == 2 and res["temperature"] == 1.0 and res["candidates"] == "all:1;answer:2,3"
+    assert [(r["vector"], r["positions"], r["alpha"]) for r in res["table"]] == [
+        (None, "all", 0.0), ("layer1-all", "all", 1.0), ("layer1-answer", "answer", 2.0),
+        ("layer1-answer", "answer", 3.0)]
+    assert "aligned" in res["pick"] and (tmp_path / "steering" / "steering.safetensors").is_file()
+    capsys.readouterr()
+    again = ex.alignment_check(common, tmp_path, candidates="all:1;answer:2,3", align_n=2, max_words=30, reuse=True)
+    assert loads == ["m"] and again == json.loads(json.dumps(res))  # from alignment.json, no model load
+    assert capsys.readouterr().out.count("alignment ") == 4
+    ex.alignment_check({**common, "temperature": 0.5}, tmp_path, candidates="all:1", align_n=2, max_words=30,
+                       reuse=True)
+    assert loads == ["m", "m"]  # another temperature: measured again
+
+
 def test_plan_runs_guidance_once_then_every_arm_per_seed():
     p = ex.plan(_common(), 2)
     assert [name for _, name, _ in p] == ["guidance"] + [f"{m}-{s}" for s in range(2) for m in ex.RUN_MODES]
