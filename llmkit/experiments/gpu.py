@@ -17,7 +17,7 @@ Each measurement compares llmkit with its anchor in the same run:
   input/output lengths, EOS ignored); the hf/vLLM ratio of output tokens/s.
 - ``lqzo_int2``: LQZO vs QZO on the INT2-quantized bundled model at GPU step counts (the run the CPU
   could not afford), learning rate chosen per method on validation, paired over seeds on test
-  (``llmkit.train.lqzo.benchlib``, the same protocol as ``bench/lqzo.py``).
+  (``llmkit.experiments.lqzo``, the same protocol as ``bench/lqzo.py``).
 
 :func:`plan` sizes every measurement to a budget; :func:`run` takes them in order, skips what no
 longer fits, records an error instead of losing the run, and saves after each one. Without a GPU
@@ -203,8 +203,8 @@ def lqzo_int2(steps: int = 600, lrs=(2.5e-4,), seeds: int = 3, batch: int = 8, m
     """LQZO vs QZO at INT2; ``steps`` is cut to what ``budget_s`` allows after timing a few steps."""
     import tempfile
 
+    from llmkit.experiments import lqzo as B
     from llmkit.train.common import completion_loss
-    from llmkit.train.lqzo import benchlib as B
     from llmkit.train.lqzo.config import LQZOArguments
 
     sp = B.bench_splits(n_train, n_val, n_test, n_acc, seed=0, data_dir=data_dir)

@@ -128,7 +128,7 @@ def bench_table(load_model: Callable[[int], tuple], rows: list[dict], *, bits_li
     """The bench's estimator-quality table on a real model: for each bit-width, ``load_model(bits)`` gives a
     quantized ``(model, tok)``; one fixed batch of ``rows`` (question/answer, completion-only loss). Returns
     ``{"per_bits": {bits: estimator_quality(...)}, "keys": {...flat_keys...}, "best": {...}}``."""
-    from llmkit.train.lqzo.benchlib import lm_batch
+    from llmkit.experiments.lqzo import lm_batch
 
     seeds = list(seeds)
     out = {"per_bits": {}, "keys": {}, "best": {}, "rows": len(rows), "max_length": max_length, "seeds": seeds}
