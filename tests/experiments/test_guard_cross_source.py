@@ -10,6 +10,8 @@ import torch
 from llmkit.experiments import guard as X
 from llmkit.serving.guard import Capture
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TASKS = {"safety": ("iheval", "safety/user-prompt-hijack"), "rules": ("iheval", "rule-following/single-turn"),
          "tools": ("iheval", "tool-use/get-webpage"), "gsm8k": ("gsm8k_inject", "gsm8k/secret-word")}
 

@@ -3,7 +3,10 @@
 import numpy as np
 import pytest
 
-from llmkit.serving.guard import evaluation as E
+from llmkit.experiments import guard as E
+from llmkit.experiments import stats
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_split_is_stable_and_follows_the_fractions():
@@ -17,29 +20,29 @@ def test_split_is_stable_and_follows_the_fractions():
 
 
 def test_auroc_ci_known_values():
-    r = E.auroc_ci([0.9, 0.8, 0.7, 0.1, 0.2, 0.3], [1, 1, 1, 0, 0, 0], n_resamples=200)
+    r = stats.auroc_ci([0.9, 0.8, 0.7, 0.1, 0.2, 0.3], [1, 1, 1, 0, 0, 0], n_resamples=200)
     assert r["auroc"] == 1.0 and r["low"] == 1.0 and r["n_pos"] == 3
     rng = np.random.default_rng(0)
     s = np.r_[rng.normal(1, 1, 200), rng.normal(0, 1, 200)]
     y = np.r_[np.ones(200), np.zeros(200)]
-    r = E.auroc_ci(s, y, n_resamples=300)
+    r = stats.auroc_ci(s, y, n_resamples=300)
     # AUROC of N(1,1) vs N(0,1) is Phi(1/sqrt 2) = 0.760
     assert r["low"] < 0.760 < r["high"] and r["high"] - r["low"] < 0.15
-    assert np.isnan(E.auroc_ci([1, 2], [0, 0])["auroc"])
+    assert np.isnan(stats.auroc_ci([1, 2], [0, 0])["auroc"])
     with pytest.raises(ValueError, match="differ in length"):
-        E.auroc_ci([1, 2, 3], [0, 1])
+        stats.auroc_ci([1, 2, 3], [0, 1])
 
 
 def test_aggregate_ci_mean_and_paired_difference():
     rng = np.random.default_rng(1)
     a = rng.binomial(1, 0.5, 300).astype(float)
     b = np.clip(a + rng.binomial(1, 0.2, 300), 0, 1)  # b = a plus some fixes: a paired gain
-    r = E.aggregate_ci(300, lambda i: a[i].mean(), n_resamples=300)
+    r = stats.bootstrap_ci(300, lambda i: a[i].mean(), n_resamples=300)
     assert r["value"] == pytest.approx(a.mean()) and r["low"] < a.mean() < r["high"]
-    d = E.aggregate_ci(300, lambda i: b[i].mean(), baseline=lambda i: a[i].mean(), n_resamples=300)
+    d = stats.bootstrap_ci(300, lambda i: b[i].mean(), baseline=lambda i: a[i].mean(), n_resamples=300)
     assert d["value"] == pytest.approx(b.mean() - a.mean()) and d["low"] > 0
     with pytest.raises(ValueError, match="at least 2 rows"):
-        E.aggregate_ci(1, lambda i: 0.0)
+        stats.bootstrap_ci(1, lambda i: 0.0)
 
 
 def test_realized_fpr():

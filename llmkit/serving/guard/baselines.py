@@ -82,30 +82,12 @@ class Probe:
 
 
 def auroc(scores: list[float], labels: list[int]) -> float:
-    """Area under the ROC curve (ties count half); positives = label 1 = violation."""
-    pos = [s for s, y in zip(scores, labels) if y]
-    neg = [s for s, y in zip(scores, labels) if not y]
-    if not pos or not neg:
+    """``sklearn.metrics.roc_auc_score`` (ties count half; positives = label 1 = violation); NaN without both."""
+    from sklearn.metrics import roc_auc_score
+
+    if len({int(bool(y)) for y in labels}) < 2:
         return float("nan")
-    s = torch.tensor(scores, dtype=torch.float64)
-    ranks = _average_ranks(s)
-    y = torch.tensor(labels, dtype=torch.bool)
-    n_pos, n_neg = len(pos), len(neg)
-    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
-def _average_ranks(s: torch.Tensor) -> torch.Tensor:
-    order = torch.argsort(s, stable=True)
-    sorted_s = s[order]
-    ranks = torch.empty_like(s)
-    i, n = 0, len(s)
-    while i < n:
-        j = i
-        while j + 1 < n and sorted_s[j + 1] == sorted_s[i]:
-            j += 1
-        ranks[order[i : j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
+    return float(roc_auc_score([int(bool(y)) for y in labels], [float(x) for x in scores]))
 
 
 def fpr_at_tpr(scores: list[float], labels: list[int], tpr: float = 0.95) -> float:

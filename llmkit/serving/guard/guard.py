@@ -207,7 +207,7 @@ class Guard:
         guard.threshold = threshold
         guard.meta.update(threshold=threshold, holdout_fpr=float((held_scores > threshold).double().mean()))
         if held_violations:
-            from llmkit.serving.guard.evaluation import auroc
+            from llmkit.serving.guard.baselines import auroc
 
             bad_scores = guard.score_captures(list(held_violations))
             guard.meta["holdout_auroc"] = auroc(held_scores.tolist() + bad_scores.tolist(),

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llmkit.serving.guard import Guard
-from llmkit.serving.guard.evaluation import auroc
+from llmkit.serving.guard.baselines import auroc
 from llmkit.serving.guard.probe import LinearProbe
 
 
