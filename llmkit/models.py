@@ -84,8 +84,6 @@ def _is_complete(folder: Path) -> bool:
 
 def materialize_alias(alias: str, *, verbose: bool = False) -> Path:
     """Return a folder holding the alias as a trainable safetensors checkpoint, converting once."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     spec = ALIASES[alias]
     target = alias_dir(alias)
     if _is_complete(target):
@@ -93,10 +91,24 @@ def materialize_alias(alias: str, *, verbose: bool = False) -> Path:
     gguf_dir = _package_folder(spec.package)
     if not (gguf_dir / spec.gguf_file).is_file():
         raise ModelNotFoundError(f"{spec.gguf_file} is missing from {gguf_dir}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # several processes (accelerate ranks, parallel test workers) may ask at once: one converts, the rest wait
+    # and reuse its folder instead of replacing it under a reader
+    import fcntl
+
+    with open(target.parent / f".{alias}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _is_complete(target):
+            return target
+        return _convert(spec, gguf_dir, target, alias, verbose)
+
+
+def _convert(spec, gguf_dir: Path, target: Path, alias: str, verbose: bool) -> Path:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     if verbose:
         print(f"[llmkit] converting {spec.gguf_file} to safetensors in {target} (once, ~20 s)", flush=True)
     t0 = time.time()
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{alias}.partial-", dir=target.parent))
     try:
         q_model = AutoModelForCausalLM.from_pretrained(
