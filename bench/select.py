@@ -58,9 +58,6 @@ else:
 import argparse
 import json
 
-from llmkit.experiments import selection as S
-from llmkit.experiments.harness import write_json
-
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
 GSM8K_TRAIN = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
@@ -75,6 +72,11 @@ def main():
                     help="comma list of parts to run (bandits,bisection,es,bo,select), for iteration: prints the "
                          "figures but writes no result files (the committed JSON is always a complete run)")
     args = ap.parse_args()
+    # imported here, not above: when this file stands in for the stdlib's `select` (see the top), a module-level
+    # import of llmkit would run inside that half-finished import of selectors/subprocess and break it
+    from llmkit.experiments import selection as S
+    from llmkit.experiments.harness import write_json
+
     q = args.quick
     parts = {*S.PARTS, "select"}
     only = set(args.only.split(",")) if args.only else parts
