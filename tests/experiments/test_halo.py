@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
-from llmkit.train.halo import experiment as ex
+from llmkit.experiments import halo as ex
 
 
 def test_pick_best_lr_takes_the_lowest_finite_loss():
@@ -15,21 +16,8 @@ def test_pick_best_lr_takes_the_lowest_finite_loss():
     assert ex.pick_best_lr({1e-5: 1.2, 1e-4: math.nan, 1e-3: math.inf, 3e-3: None}) == 1e-5
     # ties go to the smaller rate
     assert ex.pick_best_lr({3e-4: 1.0, 1e-4: 1.0}) == 1e-4
-    with pytest.raises(ValueError, match="finite"):
+    with pytest.raises(ValueError, match="diverged"):
         ex.pick_best_lr({1e-4: math.nan})
-
-
-def test_lr_sweep_scores_every_rate_once_and_returns_the_minimiser():
-    calls = []
-
-    def score(lr):
-        calls.append(lr)
-        return (math.log10(lr) + 4) ** 2  # minimum at 1e-4
-
-    best, losses = ex.lr_sweep(score, [1e-5, 1e-4, 1e-3])
-    assert best == 1e-4 and calls == [1e-5, 1e-4, 1e-3] and set(losses) == {1e-5, 1e-4, 1e-3}
-    with pytest.raises(ValueError, match="at least one"):
-        ex.lr_sweep(score, [])
 
 
 def test_train_subset_is_seeded_nested_and_checked():
@@ -137,3 +125,85 @@ def test_flat_figures_give_each_size_its_own_rate():
     runs = [_run("full", 0, 8, [1.0], lr=3e-4), _run("full", 0, 64, [0.8], lr=1e-4)]
     figs = ex.flat_figures(ex.summarize_runs(runs), primary_n=64)
     assert figs["lr_full"] == 1e-4 and figs["lr_full_n8"] == 3e-4
+
+
+def test_resolve_config_and_run_settings():
+    cfg = ex.resolve_config(True, {"steps": 10, "sizes": None})
+    assert cfg["steps"] == 10 and cfg["sizes"] == ex.QUICK["sizes"]
+    assert ex.resolve_config(False, {})["sizes"] == ex.FULL["sizes"]
+    with pytest.raises(ValueError, match="unknown setting"):
+        ex.resolve_config(True, {"stepz": 1})
+    common = ex.run_settings(cfg, homotopy_fraction=0.4)
+    assert common["lisa_interval"] == 2 and common["homotopy_fraction"] == 0.4
+    ex.RunSpec(method="halo", lr=1e-4, seed=0, n_train=8, **common)  # every field is a RunSpec field
+
+
+def _fake_train_run(calls):
+    def train_run(base, tok, rows, spec, *, val_rows=None, initial_val=None, end_sets=None, **kw):
+        calls.append(spec.key())
+        loss = 1.0 + abs(math.log10(spec.lr) + 4)  # best rate 1e-4
+        curve = [(0, 0.0, initial_val)] + [(s, float(s), initial_val - 0.1 * s) for s in (1, 2)] if val_rows else []
+        return {"spec": spec.as_dict(), "curve": curve, "train_losses": [(1, 1.0)], "train_s": 2.0, "wall_s": 2.5,
+                "end_losses": {k: loss for k in end_sets}, "opt_bytes_mean": 2**20, "opt_bytes_peak": 2**20,
+                "units": 4}
+    return train_run
+
+
+def test_runs_train_once_resume_from_the_store_and_load_the_workload_lazily(tmp_path, monkeypatch):
+    from llmkit.experiments.harness import ResultStore
+
+    calls, loads = [], []
+    monkeypatch.setattr(ex, "train_run", _fake_train_run(calls))
+
+    def workload():
+        loads.append(1)
+        return {"base": None, "tok": None, "pool": [{"i": i} for i in range(20)], "sweep": [], "val": [{}],
+                "forget": [{}], "init_val": 2.0, "init_forget": 1.5}
+
+    data = {k: 1 for k in ex.DATA_KEYS} | {"forget_max_length": 64}
+    common = ex.run_settings(ex.resolve_config(True, {"steps": 2, "eval_every": 1}))
+    reader = ex.Runs(ResultStore(tmp_path, data), workload, train=(), log=lambda m: None)
+    spec = ex.RunSpec(method="full", lr=1e-4, seed=0, n_train=4, **common)
+    assert reader("run", spec, with_val=True) is None and not loads  # nothing saved, nothing trained
+
+    runs = ex.Runs(ResultStore(tmp_path, data), workload, train=("full",), log=lambda m: None)
+    r = runs("run", spec, with_val=True)
+    assert r["data"] == data and r["initial_val"] == 2.0 and r["forgetting"] == pytest.approx(r["end_losses"]["forget"] - 1.5)
+    saved = json.loads(json.dumps(r))  # tuples come back as lists
+    assert runs("run", spec, with_val=True) == saved and calls == [spec.key()] and loads == [1]  # read, not retrained
+    assert reader("run", spec, with_val=True) == saved  # another invocation reads the part
+    other = ex.Runs(ResultStore(tmp_path, data | {"n_val": 2}), workload, train=(), log=lambda m: None)
+    assert other("run", spec, with_val=True) is None  # other data settings: the part does not count
+    fresh = ex.Runs(ResultStore(tmp_path, data, fresh=True), workload, train=("full",), log=lambda m: None)
+    fresh("run", spec, with_val=True)
+    assert len(calls) == 2
+
+
+def test_sweep_comparison_and_report_end_to_end_on_fake_runs(tmp_path, monkeypatch):
+    from llmkit.experiments.harness import ResultStore
+
+    calls = []
+    monkeypatch.setattr(ex, "train_run", _fake_train_run(calls))
+    workload = lambda: {"base": None, "tok": None, "pool": [{"i": i} for i in range(20)], "sweep": [],
+                        "val": [{}], "forget": [{}], "init_val": 2.0, "init_forget": 1.5}
+    runs = ex.Runs(ResultStore(tmp_path, {"forget_max_length": 64}), workload, train=("full", "halo"),
+                   log=lambda m: None)
+    common = ex.run_settings(ex.resolve_config(True, {"steps": 2, "eval_every": 1}))
+    lines = []
+    sweep = ex.sweep_rates(runs, [4], [1e-5, 1e-4, 1e-3], common, log=lines.append)
+    assert list(sweep) == list(ex.SCHEDULES) and sweep["lisa"][4] == dict.fromkeys([1e-5, 1e-4, 1e-3])
+    assert any(line.startswith("sweep halo n=4") and line.endswith("-> 0.0001") for line in lines)
+    rates = ex.rates_per_size(sweep, [4, 8], per_size=False)
+    assert rates == {("full", 4): 1e-4, ("full", 8): 1e-4, ("halo", 4): 1e-4, ("halo", 8): 1e-4}
+    done = ex.comparison_runs(runs, rates, [0, 1], [4, 8], common)
+    assert [(r["spec"]["seed"], r["spec"]["n_train"], r["spec"]["method"]) for r in done][:3] == [
+        (0, 4, "full"), (0, 4, "halo"), (0, 8, "full")]  # seed-major
+    report, summary = ex.build_report(done, sweep, {"quick": True, "pool": 20, "n_sweep": 4, "n_val": 1,
+                                                    "n_forget": 1})
+    assert set(report) == {"config", "figures", "sweep", "summary", "runs"}
+    assert report["figures"]["seeds"] == 2 and report["figures"]["sizes"] == [4, 8]
+    assert report["sweep"]["full"]["4"]["0.0001"] == 1.0 and set(report["summary"]) == {"4", "8"}
+    assert all("train_losses" not in r for r in report["runs"]) and report["config"]["units"] == 4
+    assert report["config"]["data"]["sweep"] == "gsm8k/train.jsonl rows 7000-7003"
+    assert "lr_full: 0.0001" in ex.figure_lines(report["figures"])
+    assert ex.plot_summary(done, summary, tmp_path / "p.png").is_file()

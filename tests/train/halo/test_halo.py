@@ -89,7 +89,7 @@ def test_tied_head_goes_to_output_unit_and_frozen_params_are_left_out(tiny_model
     tiny_model.lm_head.weight = tiny_model.model.embed_tokens.weight
     tiny_model.model.layers[0].requires_grad_(False)
     units = layer_units(tiny_model)
-    # the tied matrix trains with the head; its input role is a parameter-less last unit (test_halo_tied.py)
+    # the tied matrix trains with the head; its input role is a parameter-less last unit (test_tied.py)
     assert [u.name for u in units] == ["output", "layer.1", "embeddings"]
     assert any(p is tiny_model.model.embed_tokens.weight for p in units[0].params)
     assert units[-1].params == [] and units[-1].tied_input is tiny_model.model.embed_tokens

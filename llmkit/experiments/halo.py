@@ -1,27 +1,26 @@
-"""The HALO comparison as a library: one training run, the learning-rate sweep, seeds, sizes, statistics.
+"""The HALO comparison (``bench/halo.py``): full finetuning, step-wise unfreezing, LISA and HALO on one SFT workload.
 
-``bench/halo.py`` is a thin driver over this module. A comparison is:
+A comparison is:
 
-  1. For each schedule (full, stepwise, LISA, HALO) and training size, a learning-rate
-     sweep: one run per candidate rate at seed 0 on that size, scored by
-     the completion loss on a *sweep split* (rows held out of the training pool
-     and disjoint from the reported validation set, so picking the rate does not
-     peek at the numbers we report). ``pick_best_lr`` takes the lowest loss.
-  2. Every schedule at its own best rate for the size, for each training size and seed: a
-     seeded subset of the training pool (``train_subset``: the first n rows of a
-     seed's permutation, so the small set is inside the large one), a seeded data
-     order, validation loss every ``eval_every`` steps, and forgetting = loss on
-     a set the run never trains on (after minus before).
-  3. ``summarize_runs``: per size, target = initial validation loss minus
-     ``target_frac`` of full finetuning's mean improvement; per schedule the mean
-     and spread (sample std over seeds) of final validation loss, forgetting,
-     train seconds and optimizer state, and steps to target with the runs that
-     never reach it counted as censored (``reached`` = how many did), never as
-     the step budget.
+  1. For each schedule and training size, a learning-rate sweep: one run per candidate rate at seed 0 on
+     that size, scored by the completion loss on a *sweep split* (GSM8K train rows outside the training pool
+     and disjoint from the reported validation set, so picking the rate does not peek at the numbers we
+     report); the lowest loss wins (``pick_best_lr``, over ``harness.lr_sweep``). ``rates_per_size`` with
+     ``per_size=False`` is the earlier protocol: one sweep at the smallest size, used for every size.
+  2. Every schedule at its own best rate for the size, for each training size and seed: a seeded subset of
+     the training pool (``train_subset``: the first n rows of a seed's permutation, so the small set is inside
+     the large one), a seeded data order, validation loss (GSM8K test) every ``eval_every`` steps, and
+     forgetting = completion loss on a set the run never trains on (MATH-500 solutions), after minus before.
+  3. ``summarize_runs``: per size, target = initial validation loss minus ``target_frac`` of full
+     finetuning's mean improvement; per schedule the mean and spread (sample std over seeds) of final
+     validation loss, forgetting, train seconds and optimizer state, and steps to target with the runs that
+     never reach it counted as censored (``reached`` = how many did), never as the step budget.
 
-``train_run`` trains one copy of a model with ``HaloSFTTrainer`` (AdamW, constant rate, no
-warmup: a 1-step warmup starts at rate 0 and wastes a sixth of a 6-step run), the trainer the
-recipe uses, so the bench measures the shipped code path.
+``train_run`` trains one copy of a model with the recipe's ``HaloSFTTrainer`` (AdamW, constant rate, no warmup:
+a 1-step warmup starts at rate 0 and wastes a sixth of a 6-step run), so the bench measures the shipped code
+path. ``Runs`` keeps every finished run as a part in a ``harness.ResultStore`` keyed by its ``RunSpec`` and
+data settings, so a comparison is built over several invocations and a rerun skips what is done.
+Measured figures: bench/results/halo.md.
 """
 
 from __future__ import annotations
@@ -35,7 +34,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from llmkit.experiments.harness import ResultStore, lr_sweep
 from llmkit.train.halo.schedule import METHODS
+
+MODEL = "smollm2-135m-instruct"
+QUICK = {"steps": 6, "batch": 2, "max_length": 128, "eval_every": 3, "sizes": "8,64", "seeds": 3, "n_val": 24,
+         "n_forget": 16, "n_sweep": 16, "lrs": "3e-5,1e-4,3e-4", "pool": 1000, "forget_max_length": 192}
+FULL = {"steps": 20, "batch": 2, "max_length": 128, "eval_every": 5, "sizes": "8,32", "seeds": 3, "n_val": 24,
+        "n_forget": 16, "n_sweep": 16, "lrs": "1e-5,3e-5,1e-4,3e-4", "pool": 1000, "forget_max_length": 192}
+SWEEP_ROWS_FROM = 7000  # GSM8K train rows from here on form the sweep split (the pool is the first `pool` rows)
+DATA_KEYS = ("n_val", "n_forget", "n_sweep", "pool", "forget_max_length")
+SCHEDULES = ("full", "halo", "lisa", "stepwise")  # the order runs are made and reported in
 
 
 @dataclass(frozen=True)
@@ -80,12 +89,9 @@ def train_subset(pool: Sequence[dict], n: int, seed: int) -> list[dict]:
     return [pool[i] for i in order[:n]]
 
 
-def pick_best_lr(losses: dict[float, float]) -> float:
-    """The learning rate with the lowest (finite) sweep loss; ties go to the smaller rate."""
-    finite = {lr: v for lr, v in losses.items() if v is not None and math.isfinite(v)}
-    if not finite:
-        raise ValueError(f"no learning rate gave a finite sweep loss: {losses}")
-    return min(sorted(finite), key=lambda lr: finite[lr])
+def pick_best_lr(losses: dict[float, float | None]) -> float:
+    """The learning rate with the lowest (finite) sweep loss; ties go to the smaller rate, a missing run never wins."""
+    return lr_sweep(lambda lr: math.nan if losses[lr] is None else losses[lr], losses)["best_lr"]
 
 
 def rates_per_size(sweep: dict[str, dict[int, dict[float, float | None]]], sizes: Sequence[int],
@@ -108,15 +114,6 @@ def rates_per_size(sweep: dict[str, dict[int, dict[float, float | None]]], sizes
     return out
 
 
-def lr_sweep(score: Callable[[float], float], lrs: Iterable[float]) -> tuple[float, dict[float, float]]:
-    """Score each rate (lower is better; NaN/inf for diverged runs) and return (best rate, all scores)."""
-    lrs = list(lrs)
-    if not lrs:
-        raise ValueError("the learning-rate sweep needs at least one rate")
-    losses = {lr: score(lr) for lr in lrs}
-    return pick_best_lr(losses), losses
-
-
 def steps_to_target(curve: Sequence[Sequence[float]], target: float | None) -> tuple[int | None, float | None]:
     """First (step, train seconds) of a (step, seconds, loss) curve at or below ``target``; (None, None) if never."""
     if target is None:
@@ -132,6 +129,7 @@ def spread(values: Sequence[float | None]) -> dict:
     xs = [float(v) for v in values if v is not None and math.isfinite(v)]
     if not xs:
         return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
+    # statistics.stdev, not stats.mean_ci's std: its rounded mean gives ~1e-13 instead of 0 for equal values
     return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
             "min": min(xs), "max": max(xs), "n": len(xs)}
 
@@ -228,7 +226,7 @@ def train_run(base_model, tok, train_rows: list[dict], spec: RunSpec, *, val_row
     from trl import SFTConfig
 
     from llmkit.train.common import chat_dataset, completion_loss
-    from llmkit.train.halo.trainer import trainer_class
+    from llmkit.train.halo.trainer import HaloSFTTrainer
 
     L = spec.max_length
 
@@ -268,7 +266,7 @@ def train_run(base_model, tok, train_rows: list[dict], spec: RunSpec, *, val_row
         max_length=L, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=spec.seed,
         data_seed=spec.seed, dataloader_num_workers=0, disable_tqdm=True,
     )
-    trainer = trainer_class(distill=False)(
+    trainer = HaloSFTTrainer(
         model=model, args=targs, train_dataset=chat_dataset(train_rows), processing_class=tok, callbacks=[probe],
         halo_callback_kwargs={"method": spec.method, "homotopy_fraction": spec.homotopy_fraction,
                               "ramp_width": spec.ramp_width, "lisa_layers": spec.lisa_layers,
@@ -317,3 +315,148 @@ def plot_summary(runs: Sequence[dict], summary: dict, path: str | Path, title: s
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# ----------------------------------------------------------------------------- the comparison, step by step
+
+
+def resolve_config(quick: bool, overrides: dict) -> dict:
+    """The preset (``QUICK`` or ``FULL``) with every override that is not None."""
+    cfg = dict(QUICK if quick else FULL)
+    unknown = set(overrides) - set(cfg)
+    if unknown:
+        raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {', '.join(cfg)}")
+    cfg.update({k: v for k, v in overrides.items() if v is not None})
+    return cfg
+
+
+def run_settings(cfg: dict, homotopy_fraction: float = 0.5, ramp_width: float = 0.25, lisa_layers: int = 2) -> dict:
+    """The ``RunSpec`` fields every run of one comparison shares; LISA resamples about five times per run."""
+    return {"steps": cfg["steps"], "batch": cfg["batch"], "max_length": cfg["max_length"],
+            "eval_every": cfg["eval_every"], "homotopy_fraction": homotopy_fraction, "ramp_width": ramp_width,
+            "lisa_layers": lisa_layers, "lisa_interval": max(2, cfg["steps"] // 5)}
+
+
+def load_workload(data: str | Path, cfg: dict, model: str = MODEL, log: Callable[[str], None] = print) -> dict:
+    """The base model, the row sets (``pool``, ``sweep``, ``val``, ``forget``) and the base model's losses."""
+    from llmkit.models import load
+    from llmkit.train.common import completion_loss, load_records
+
+    data = Path(data)
+    base, tok = load(model)
+    gsm_train = str(data / "gsm8k/train.jsonl")
+    w = {"base": base, "tok": tok, "pool": load_records(gsm_train, limit=cfg["pool"]),
+         "sweep": load_records(gsm_train, limit=SWEEP_ROWS_FROM + cfg["n_sweep"])[SWEEP_ROWS_FROM:],
+         "val": load_records(str(data / "gsm8k/test.jsonl"), limit=cfg["n_val"]),
+         "forget": load_records(str(data / "math500/test.jsonl"), limit=cfg["n_forget"])}
+    w["init_forget"] = completion_loss(base, tok, w["forget"], max_length=cfg["forget_max_length"], batch_size=8)
+    w["init_val"] = completion_loss(base, tok, w["val"], max_length=cfg["max_length"], batch_size=8)
+    log(f"initial val loss {w['init_val']:.4f}, forget-set loss {w['init_forget']:.4f}")
+    return w
+
+
+class Runs:
+    """``runs(kind, spec, with_val)``: a saved run, or a new one trained and saved, or None.
+
+    ``kind`` is ``"sweep"`` (scored on the sweep split) or ``"run"`` (validation curve and forgetting). A part
+    counts only when it was made with the same ``RunSpec`` and data settings (``store.config``); schedules not
+    in ``train`` are only read (``train=()`` trains nothing). ``workload`` is called once, on the first run that
+    has to be trained, so reading finished parts loads no model.
+    """
+
+    def __init__(self, store: ResultStore, workload: Callable[[], dict], *, train: Iterable[str] = SCHEDULES,
+                 out_dir: str | Path = "/tmp", log: Callable[[str], None] = print):
+        self.store, self.make_workload, self.train = store, workload, tuple(train)
+        self.out_dir, self.log = out_dir, log
+        self._workload: dict | None = None
+
+    @property
+    def data(self) -> dict:
+        return self.store.config
+
+    def workload(self) -> dict:
+        if self._workload is None:
+            self._workload = self.make_workload()
+        return self._workload
+
+    def __call__(self, kind: str, spec: RunSpec, with_val: bool) -> dict | None:
+        name, config = f"{kind}_{spec.key()}", {"spec": spec.as_dict(), "data": self.data}
+        r = self.store.load(name, config)
+        if r is not None or spec.method not in self.train:
+            return r
+        w = self.workload()
+        self.log(f"[{kind}] {spec.key()} ...")
+        r = train_run(w["base"], w["tok"], train_subset(w["pool"], spec.n_train, spec.seed), spec,
+                      val_rows=w["val"] if with_val else None, initial_val=w["init_val"],
+                      end_sets={"forget": w["forget"]} if with_val else {"sweep": w["sweep"]},
+                      end_max_length=self.data["forget_max_length"] if with_val else None,
+                      out_dir=self.out_dir, log=self.log)
+        r["data"] = self.data
+        if with_val:
+            r["initial_val"] = r["curve"][0][2]
+            r["forgetting"] = r["end_losses"]["forget"] - w["init_forget"]
+        self.store.save(name, r, config)
+        self.log(f"[{kind}] {spec.key()} done: {r['end_losses']}, train s {r['train_s']:.1f}")
+        return r
+
+
+def sweep_rates(runs: Runs, sizes: Sequence[int], lrs: Sequence[float], common: dict,
+                log: Callable[[str], None] = print) -> dict:
+    """``sweep[schedule][size][rate]`` = sweep loss (None where the run is neither saved nor trained here)."""
+    sweep: dict = {m: {} for m in SCHEDULES}
+    for n in sizes:
+        for m in SCHEDULES:
+            scores = {}
+            for lr in lrs:
+                r = runs("sweep", RunSpec(method=m, lr=lr, seed=0, n_train=n, **common), with_val=False)
+                scores[lr] = r["end_losses"]["sweep"] if r else None
+            sweep[m][n] = scores
+            if any(v is not None for v in scores.values()):
+                log(f"sweep {m} n={n}: " + ", ".join(f"lr {lr:g}: {v:.4f}" if v is not None else
+                                                     f"lr {lr:g}: (not run)" for lr, v in scores.items())
+                    + f" -> {pick_best_lr(scores):g}")
+    return sweep
+
+
+def sweep_json(sweep: dict) -> dict:
+    return {m: {str(n): {f"{lr:g}": v for lr, v in sc.items()} for n, sc in per_n.items()}
+            for m, per_n in sweep.items()}
+
+
+def comparison_runs(runs: Runs, rates: dict[tuple[str, int], float], seeds: Sequence[int], sizes: Sequence[int],
+                    common: dict) -> list[dict]:
+    """Every schedule at its own rate, seed-major so that an interrupted comparison still covers every size."""
+    out = []
+    for seed in seeds:
+        for n in sizes:
+            for m in SCHEDULES:
+                if (m, n) in rates:
+                    r = runs("run", RunSpec(method=m, lr=rates[m, n], seed=seed, n_train=n, **common), with_val=True)
+                    if r is not None:
+                        out.append(r)
+    return out
+
+
+def build_report(runs: Sequence[dict], sweep: dict, config: dict, target_frac: float = 0.8) -> tuple[dict, dict]:
+    """``(report, summary)``: the bench's JSON (config, flat figures, sweep, per-size summary, runs without their
+    per-step training losses) and the per-size summary with integer keys (for ``plot_summary``)."""
+    summary = summarize_runs(runs, target_frac)
+    figures = flat_figures(summary, primary_n=max(summary))
+    figures["seeds"] = len({r["spec"]["seed"] for r in runs})
+    figures["sizes"] = sorted(summary)
+    report = {"config": {**config, "model": MODEL, "units": runs[0]["units"], "data": data_description(config)},
+              "figures": figures, "sweep": sweep_json(sweep), "summary": {str(n): s for n, s in summary.items()},
+              "runs": [{k: v for k, v in r.items() if k != "train_losses"} for r in runs]}
+    return report, summary
+
+
+def data_description(cfg: dict) -> dict:
+    return {"pool": f"gsm8k/train.jsonl rows 0-{cfg['pool'] - 1}",
+            "sweep": f"gsm8k/train.jsonl rows {SWEEP_ROWS_FROM}-{SWEEP_ROWS_FROM + cfg['n_sweep'] - 1}",
+            "val": f"gsm8k/test.jsonl first {cfg['n_val']}", "forget": f"math500/test.jsonl first {cfg['n_forget']}"}
+
+
+def figure_lines(figures: dict) -> list[str]:
+    """One printed line per figure (rates in %g, other floats to 4 decimals)."""
+    return [f"{k}: {v:g}" if k.startswith("lr_") else f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}"
+            for k, v in figures.items()]
