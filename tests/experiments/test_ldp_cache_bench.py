@@ -23,14 +23,36 @@ from llmkit.serving.ldp_cache import ExponentialTokenMechanism, LDPScheduler
 from llmkit.serving.ldp_cache.embedder import HashEmbedder
 from llmkit.serving.server import BackgroundServer
 
-PROBLEMS = [{"question": f"Tom has {i} red apples and buys {i + 2} green ones. What is {i} plus {i + 2}?",
-             "gold": str(2 * i + 2)} for i in range(10)]
-VOCAB = ["<unk>", "tom", "has", "red", "apples", "and", "buys", "green", "ones", ".", "what", "is", "plus", "?",
-         *map(str, range(14))]
+PROBLEMS = [
+    {
+        "question": f"Tom has {i} red apples and buys {i + 2} green ones. What is {i} plus {i + 2}?",
+        "gold": str(2 * i + 2),
+    }
+    for i in range(10)
+]
+VOCAB = [
+    "<unk>",
+    "tom",
+    "has",
+    "red",
+    "apples",
+    "and",
+    "buys",
+    "green",
+    "ones",
+    ".",
+    "what",
+    "is",
+    "plus",
+    "?",
+    *map(str, range(14)),
+]
 
 
 def mech(eps: float = 6.0):
-    return ExponentialTokenMechanism.word_level(VOCAB, np.random.default_rng(0).normal(size=(len(VOCAB), 8)), eps)
+    return ExponentialTokenMechanism.word_level(
+        VOCAB, np.random.default_rng(0).normal(size=(len(VOCAB), 8)), eps
+    )
 
 
 def answer(text: str) -> str:
@@ -48,19 +70,48 @@ def stand_in_cloud():
 
     @app.post("/v1/chat/completions")
     def chat(body: dict):
-        return {"id": "c", "object": "chat.completion", "created": 0, "model": "stand-in",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": answer(body["messages"][-1]["content"])},
-                             "finish_reason": "stop"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        return {
+            "id": "c",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "stand-in",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": answer(body["messages"][-1]["content"])},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
 
     return app
 
 
 def flags(**kw):
-    base = {"quick": True, "workloads": "uniform_arith,zipf_arith", "problems": 10, "pool": 10, "visits": 6,
-            "capacity": 3, "repeats": 2, "sweep_seeds": 1, "sweep_repeats": 1, "sweep_capacities": "2",
-            "upstream": None, "server_engine": "hf", "model": None, "answers": None, "seed": 0, "max_tokens": 16,
-            "concurrency": 4, "sim_threshold": 0.8, "gain_threshold": 0.1, "rr_epsilon": 3.0,
-            "epsilon_per_token": 6.0}
+    base = {
+        "quick": True,
+        "workloads": "uniform_arith,zipf_arith",
+        "problems": 10,
+        "pool": 10,
+        "visits": 6,
+        "capacity": 3,
+        "repeats": 2,
+        "sweep_seeds": 1,
+        "sweep_repeats": 1,
+        "sweep_capacities": "2",
+        "upstream": None,
+        "server_engine": "hf",
+        "model": None,
+        "answers": None,
+        "seed": 0,
+        "max_tokens": 16,
+        "concurrency": 4,
+        "sim_threshold": 0.8,
+        "gain_threshold": 0.1,
+        "rr_epsilon": 3.0,
+        "epsilon_per_token": 6.0,
+    }
     return SimpleNamespace(**(base | kw))
 
 
@@ -69,16 +120,31 @@ def committed(name: str, repo_root) -> dict:
 
 
 def test_importing_the_method_package_loads_no_benchmark_code():
-    code = ("import sys, llmkit.serving.ldp_cache, llmkit.serving.ldp_cache.budget, llmkit.serving.ldp_cache.proxy; "
-            "print([m for m in sys.modules if m.startswith('llmkit.experiments')])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    code = (
+        "import sys, llmkit.serving.ldp_cache, llmkit.serving.ldp_cache.budget, llmkit.serving.ldp_cache.proxy; "
+        "print([m for m in sys.modules if m.startswith('llmkit.experiments')])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
 
 
 def test_the_plan_takes_quick_or_full_defaults_and_refuses_unknown_workloads():
-    none = {k: None for k in ("problems", "pool", "visits", "capacity", "repeats", "sweep_seeds", "sweep_repeats",
-                              "sweep_capacities")}
+    none = {
+        k: None
+        for k in (
+            "problems",
+            "pool",
+            "visits",
+            "capacity",
+            "repeats",
+            "sweep_seeds",
+            "sweep_repeats",
+            "sweep_capacities",
+        )
+    }
     q = E.make_plan(flags(**none))
     assert (q.capacity, q.repeats, q.sweep_seeds, q.sweep_repeats, q.capacities) == (3, 5, 3, 4, [2, 3, 4, 6])
     assert q.sizes == W.QUICK_SIZES and q.kinds == ["uniform_arith", "zipf_arith"]
@@ -90,7 +156,9 @@ def test_the_plan_takes_quick_or_full_defaults_and_refuses_unknown_workloads():
 
 
 def test_figure_keys_and_result_stems_follow_the_workloads():
-    assert E.figure_suffix("zipf", ["uniform", "zipf"]) == "" and E.figure_suffix("uniform", ["uniform"]) == ""
+    assert (
+        E.figure_suffix("zipf", ["uniform", "zipf"]) == "" and E.figure_suffix("uniform", ["uniform"]) == ""
+    )
     assert E.figure_suffix("uniform", ["uniform", "zipf"]) == "_uniform"
     assert E.figure_suffix("zipf_arith", ["zipf_arith"]) == "_zipf_arith"
     assert E.result_stem(["uniform_arith", "zipf_arith"], False) == "ldp_cache_arith"
@@ -102,22 +170,40 @@ def test_the_main_run_asks_once_per_query_and_problem_and_replays_from_its_answe
     plan = E.make_plan(flags())
     problem_sets = {k: PROBLEMS for k in plan.kinds}
     streams = {k: W.build(k, PROBLEMS, plan.visits[k], 0) for k in plan.kinds}
-    tools = {"mechanism": X.MemoMechanism(mech()), "embedder": X.MemoEmbedder(HashEmbedder()),
-             "sched": lambda: LDPScheduler(3.0, 0.8, 0.1)}
+    tools = {
+        "mechanism": X.MemoMechanism(mech()),
+        "embedder": X.MemoEmbedder(HashEmbedder()),
+        "sched": lambda: LDPScheduler(3.0, 0.8, 0.1),
+    }
     answers = tmp_path / "answers.jsonl.gz"
     logged = []
     with BackgroundServer(stand_in_cloud()) as cloud:
-        run = E.answer_and_evaluate(flags(upstream=cloud.url, answers=answers), plan, problem_sets, streams,
-                                    log=logged.append, **tools)
+        run = E.answer_and_evaluate(
+            flags(upstream=cloud.url, answers=answers),
+            plan,
+            problem_sets,
+            streams,
+            log=logged.append,
+            **tools,
+        )
     n_problems = sum(len({x["problem"] for x in streams[k]}) for k in plan.kinds)
     assert run["model"] == "stand-in" and run["extra_calls"] == 0
     # one call per distinct text (a perturbed query or a plain question); cache misses replay them
-    assert 0.8 * (sum(map(len, streams.values())) + n_problems) <= run["calls"] <= sum(map(len, streams.values())) + n_problems
+    assert (
+        0.8 * (sum(map(len, streams.values())) + n_problems)
+        <= run["calls"]
+        <= sum(map(len, streams.values())) + n_problems
+    )
     assert len(X.MemoUpstream(None, answers).memo) == run["calls"]
     for k in plan.kinds:
         r = run["results"][k]
-        assert set(r["arms"]) == {"no_cache", "ldpcache_multifactor", "ldpcache_lru", "ldpcache_unbounded",
-                                  "gptcache_threshold"}
+        assert set(r["arms"]) == {
+            "no_cache",
+            "ldpcache_multifactor",
+            "ldpcache_lru",
+            "ldpcache_unbounded",
+            "gptcache_threshold",
+        }
         assert r["accuracy_plain_problems"] == 1.0 and list(r["sweep"]) == ["2"] and r["pool"] == 10
 
     figures = E.run_figures(plan, streams, run["results"], log=logged.append)
@@ -125,18 +211,38 @@ def test_the_main_run_asks_once_per_query_and_problem_and_replays_from_its_answe
     fixed = set(committed("ldp_cache_fixed_budget", repo_root)["figures"])
     assert list(figures) == [k for k in arith["figures"] if k not in fixed]
     assert any(line.startswith("[pooled: uniform_arith, zipf_arith]") for line in logged)
-    result = E.build_result(plan, run["results"], figures, model=run["model"], max_tokens=16, config={},
-                            mechanism="token", fixed_budget={"curves": {}, "pooled": {}})
+    result = E.build_result(
+        plan,
+        run["results"],
+        figures,
+        model=run["model"],
+        max_tokens=16,
+        config={},
+        mechanism="token",
+        fixed_budget={"curves": {}, "pooled": {}},
+    )
     assert list(result) == list(arith) and "curves" not in result["fixed_budget"]
     path = E.write_result(result, tmp_path, "ldp_cache_arith_quick")
-    assert json.loads(path.read_text())["figures"] == figures and (tmp_path / "ldp_cache_arith_quick.png").is_file()
+    assert (
+        json.loads(path.read_text())["figures"] == figures
+        and (tmp_path / "ldp_cache_arith_quick.png").is_file()
+    )
 
     # the answers file alone replays the run: no server, the same numbers
-    again = E.answer_and_evaluate(flags(upstream="http://127.0.0.1:9", model="stand-in", answers=answers), plan,
-                                  problem_sets, {k: W.build(k, PROBLEMS, plan.visits[k], 0) for k in plan.kinds},
-                                  log=logged.append, **tools)
-    assert again["calls"] == 0 and again["results"]["zipf_arith"]["arms"] == run["results"]["zipf_arith"]["arms"]
-    assert "every answer replayed" in E.header_line(flags(answers=answers, upstream="http://127.0.0.1:9"), plan, again)
+    again = E.answer_and_evaluate(
+        flags(upstream="http://127.0.0.1:9", model="stand-in", answers=answers),
+        plan,
+        problem_sets,
+        {k: W.build(k, PROBLEMS, plan.visits[k], 0) for k in plan.kinds},
+        log=logged.append,
+        **tools,
+    )
+    assert (
+        again["calls"] == 0 and again["results"]["zipf_arith"]["arms"] == run["results"]["zipf_arith"]["arms"]
+    )
+    assert "every answer replayed" in E.header_line(
+        flags(answers=answers, upstream="http://127.0.0.1:9"), plan, again
+    )
 
 
 def test_ask_all_fails_loudly_when_the_cloud_fails():
@@ -173,13 +279,25 @@ def test_served_passes_a_url_through_and_otherwise_serves_the_bundled_model(monk
 def test_spread_matches_numpy_and_the_ablation_pairs_every_policy_with_lru(repo_root):
     xs = [0.25, 0.5, 0.5, 0.75]
     s = X.spread(xs)
-    assert s == pytest.approx({"mean": 0.5, "std": float(np.std(xs, ddof=1)), "min": 0.25, "max": 0.75, "n": 4})
+    assert s == pytest.approx(
+        {"mean": 0.5, "std": float(np.std(xs, ddof=1)), "min": 0.25, "max": 0.75, "n": 4}
+    )
     assert X.spread([0.3])["std"] == 0.0
     assert X.paired_spread(xs)["se"] == pytest.approx(np.std(xs, ddof=1) / 2)
 
-    res = X.run_ablation(["zipf"], {"zipf": PROBLEMS}, {"zipf": 8}, X.MemoMechanism(mech()),
-                         X.MemoEmbedder(HashEmbedder()), lambda: LDPScheduler(3.0, 0.8, 0.1), capacities=[2],
-                         workload_seeds=1, scheduler_seeds=2, seed=0, config={"quick": True})
+    res = X.run_ablation(
+        ["zipf"],
+        {"zipf": PROBLEMS},
+        {"zipf": 8},
+        X.MemoMechanism(mech()),
+        X.MemoEmbedder(HashEmbedder()),
+        lambda: LDPScheduler(3.0, 0.8, 0.1),
+        capacities=[2],
+        workload_seeds=1,
+        scheduler_seeds=2,
+        seed=0,
+        config={"quick": True},
+    )
     assert list(res) == list(committed("ldp_cache_eviction_ablation", repo_root))
     cell = res["ablation"]["zipf"]["2"]
     assert set(cell) == set(X.ABLATION) and cell["lru"]["diff_vs_lru"] == 0 and cell["lru"]["n"] == 2
@@ -187,18 +305,38 @@ def test_spread_matches_numpy_and_the_ablation_pairs_every_policy_with_lru(repo_
 
 
 def gsm8k_file(path):
-    rows = [{"question": f"Tom has {i} red apples. He buys {i + 2} green ones. How many apples now?",
-             "answer": f"He has <<{i}+{i + 2}={2 * i + 2}>>{2 * i + 2} apples.\n#### {2 * i + 2}"} for i in range(1, 13)]
+    rows = [
+        {
+            "question": f"Tom has {i} red apples. He buys {i + 2} green ones. How many apples now?",
+            "answer": f"He has <<{i}+{i + 2}={2 * i + 2}>>{2 * i + 2} apples.\n#### {2 * i + 2}",
+        }
+        for i in range(1, 13)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
-def test_the_fixed_budget_section_asks_the_bank_once_then_runs_from_the_answers_file(tmp_path, repo_root,
-                                                                                     monkeypatch):
-    settings = SimpleNamespace(quick=True, budgets="4", budget_repeats=1, data=gsm8k_file(tmp_path / "train.jsonl"),
-                               bank=8, budget_visits=6, budget_answers=tmp_path / "bank.jsonl", seed=0,
-                               upstream="http://cloud", model="stand-in", server_engine="hf", concurrency=2,
-                               bit_share=0.25, rr_epsilon=3.0, sim_threshold=0.8, gain_threshold=0.1)
+def test_the_fixed_budget_section_asks_the_bank_once_then_runs_from_the_answers_file(
+    tmp_path, repo_root, monkeypatch
+):
+    settings = SimpleNamespace(
+        quick=True,
+        budgets="4",
+        budget_repeats=1,
+        data=gsm8k_file(tmp_path / "train.jsonl"),
+        bank=8,
+        budget_visits=6,
+        budget_answers=tmp_path / "bank.jsonl",
+        seed=0,
+        upstream="http://cloud",
+        model="stand-in",
+        server_engine="hf",
+        concurrency=2,
+        bit_share=0.25,
+        rr_epsilon=3.0,
+        sim_threshold=0.8,
+        gain_threshold=0.1,
+    )
     asked = []
 
     def cloud(url, model, timeout):
@@ -206,6 +344,7 @@ def test_the_fixed_budget_section_asks_the_bank_once_then_runs_from_the_answers_
             asked.append(messages[-1]["content"])
             m = re.search(r"What is (\d+) plus (\d+)", messages[-1]["content"])
             return f"so {int(m[1]) + int(m[2])}"
+
         return call
 
     emb, logged = X.MemoEmbedder(HashEmbedder()), []
@@ -238,7 +377,23 @@ def test_the_bench_script_is_parsing_plus_calls(repo_root, capsys, tmp_path):
     bench = load_bench(repo_root)
     assert callable(bench.load_arith_problems)  # bench/select.py reads the problem set through the script
     opts = {o for a in bench.parser()._actions for o in a.option_strings}
-    assert {"--quick", "--workloads", "--eviction-ablation", "--fixed-budget-only", "--answers", "--upstream",
-            "--budgets", "--bit-share", "--fixed-budget-out", "--budget-answers"} <= opts
-    assert bench.main(["--workloads", "uniform,fifo"]) == 2 and "unknown workload 'fifo'" in capsys.readouterr().err
-    assert bench.main(["--data", str(tmp_path / "none.jsonl")]) == 2 and "no such file" in capsys.readouterr().err
+    assert {
+        "--quick",
+        "--workloads",
+        "--eviction-ablation",
+        "--fixed-budget-only",
+        "--answers",
+        "--upstream",
+        "--budgets",
+        "--bit-share",
+        "--fixed-budget-out",
+        "--budget-answers",
+    } <= opts
+    assert (
+        bench.main(["--workloads", "uniform,fifo"]) == 2
+        and "unknown workload 'fifo'" in capsys.readouterr().err
+    )
+    assert (
+        bench.main(["--data", str(tmp_path / "none.jsonl")]) == 2
+        and "no such file" in capsys.readouterr().err
+    )

@@ -57,8 +57,10 @@ def make_plan(settings) -> Plan:
     return Plan(
         quick=q,
         kinds=kinds,
-        sizes={k: (s.pool if k.startswith("zipf") else s.problems) or n
-               for k, n in (W.QUICK_SIZES if q else W.FULL_SIZES).items()},
+        sizes={
+            k: (s.pool if k.startswith("zipf") else s.problems) or n
+            for k, n in (W.QUICK_SIZES if q else W.FULL_SIZES).items()
+        },
         visits={k: s.visits or (W.QUICK_VISITS if q else W.FULL_VISITS[k]) for k in W.WORKLOADS},
         capacity=s.capacity or (3 if q else 8),
         repeats=s.repeats or (5 if q else 20),
@@ -70,21 +72,36 @@ def make_plan(settings) -> Plan:
 
 def load_streams(plan: Plan, data: Path, seed: int, max_steps: int) -> tuple[dict, dict]:
     """(problem set, query stream) per workload kind."""
-    problem_sets = {k: W.load_arith_problems(data, plan.sizes[k], seed) if k.endswith("_arith")
-                    else W.load_problems(data, plan.sizes[k], seed, max_steps) for k in plan.kinds}
+    problem_sets = {
+        k: W.load_arith_problems(data, plan.sizes[k], seed)
+        if k.endswith("_arith")
+        else W.load_problems(data, plan.sizes[k], seed, max_steps)
+        for k in plan.kinds
+    }
     streams = {k: W.build(k, problem_sets[k], plan.visits[k], seed) for k in plan.kinds}
     return problem_sets, streams
 
 
 def stream_line(kind: str, queries: list[dict], visits: int) -> str:
     counts = sorted(Counter(x["problem"] for x in queries).values(), reverse=True)
-    return (f"workload {kind}: {len(queries)} queries, {len(counts)} distinct GSM8K train problems"
-            f"{' (one-step arithmetic from their annotations)' if kind.endswith('_arith') else ''} "
-            f"(queries per problem {counts}), {visits} visits of 2-4 templated variants")
+    return (
+        f"workload {kind}: {len(queries)} queries, {len(counts)} distinct GSM8K train problems"
+        f"{' (one-step arithmetic from their annotations)' if kind.endswith('_arith') else ''} "
+        f"(queries per problem {counts}), {visits} visits of 2-4 templated variants"
+    )
 
 
-def ask_all(base, plain, streams: dict, problem_sets: dict, *, seed: int, max_tokens: int, concurrency: int,
-            progress: Callable = lambda it, desc: it) -> tuple[dict, dict]:
+def ask_all(
+    base,
+    plain,
+    streams: dict,
+    problem_sets: dict,
+    *,
+    seed: int,
+    max_tokens: int,
+    concurrency: int,
+    progress: Callable = lambda it, desc: it,
+) -> tuple[dict, dict]:
     """Every LLM call up front, all workloads in one queue (the server batches them).
 
     ``base`` is the no-cache arm (:class:`llmkit.serving.ldp_cache.PerQueryLDP`): query i of workload k is
@@ -98,42 +115,109 @@ def ask_all(base, plain, streams: dict, problem_sets: dict, *, seed: int, max_to
         for k, qs in streams.items():
             wseed = W.WORKLOADS.index(k)
             for i, x in enumerate(qs):
-                jobs.append((k, "ldp", i, ex.submit(base.ask, x["text"], seed=[seed, wseed, i],
-                                                    max_tokens=max_tokens, temperature=0)))
+                jobs.append(
+                    (
+                        k,
+                        "ldp",
+                        i,
+                        ex.submit(
+                            base.ask, x["text"], seed=[seed, wseed, i], max_tokens=max_tokens, temperature=0
+                        ),
+                    )
+                )
             for p in sorted({x["problem"] for x in qs}):
-                jobs.append((k, "plain", p, ex.submit(plain, [{"role": "user", "content": problem_sets[k][p]["question"]}],
-                                                      max_tokens=max_tokens, temperature=0)))
+                jobs.append(
+                    (
+                        k,
+                        "plain",
+                        p,
+                        ex.submit(
+                            plain,
+                            [{"role": "user", "content": problem_sets[k][p]["question"]}],
+                            max_tokens=max_tokens,
+                            temperature=0,
+                        ),
+                    )
+                )
         for *_, f in progress(jobs, "LLM calls (memoized ones are instant)"):
             f.result()
     finally:
         ex.shutdown(wait=False, cancel_futures=True)
     answers = {k: [f.result() for kk, kind, _, f in jobs if kk == k and kind == "ldp"] for k in streams}
-    plain_text = {k: {p: f.result() for kk, kind, p, f in jobs if kk == k and kind == "plain"} for k in streams}
+    plain_text = {
+        k: {p: f.result() for kk, kind, p, f in jobs if kk == k and kind == "plain"} for k in streams
+    }
     return answers, plain_text
 
 
-def evaluate_all(plan: Plan, problem_sets: dict, streams: dict, answers: dict, plain_text: dict, *, mechanism,
-                 embedder, upstream, sched, seed: int, max_tokens: int, sim_threshold: float,
-                 progress: Callable = lambda it, desc: it) -> dict:
+def evaluate_all(
+    plan: Plan,
+    problem_sets: dict,
+    streams: dict,
+    answers: dict,
+    plain_text: dict,
+    *,
+    mechanism,
+    embedder,
+    upstream,
+    sched,
+    seed: int,
+    max_tokens: int,
+    sim_threshold: float,
+    progress: Callable = lambda it, desc: it,
+) -> dict:
     """:func:`.runs.evaluate_workload` and the hit-ratio :func:`.runs.sweep` for every workload kind."""
     results = {}
     for k in plan.kinds:
-        r = evaluate_workload(streams[k], problem_sets[k], answers[k], plain_text[k], mechanism=mechanism,
-                              embedder=embedder, upstream=upstream, sched=sched, capacity=plan.capacity,
-                              repeats=plan.repeats, seed=seed, wseed=W.WORKLOADS.index(k), max_tokens=max_tokens,
-                              sim_threshold=sim_threshold, progress=lambda it, desc, k=k: progress(it, f"{k}: {desc}"))
+        r = evaluate_workload(
+            streams[k],
+            problem_sets[k],
+            answers[k],
+            plain_text[k],
+            mechanism=mechanism,
+            embedder=embedder,
+            upstream=upstream,
+            sched=sched,
+            capacity=plan.capacity,
+            repeats=plan.repeats,
+            seed=seed,
+            wseed=W.WORKLOADS.index(k),
+            max_tokens=max_tokens,
+            sim_threshold=sim_threshold,
+            progress=lambda it, desc, k=k: progress(it, f"{k}: {desc}"),
+        )
         t1 = time.time()
-        r["sweep"] = sweep(k, problem_sets[k], plan.visits[k], mechanism, embedder, sched,
-                           workload_seeds=range(seed, seed + plan.sweep_seeds), capacities=plan.capacities,
-                           repeats=plan.sweep_repeats, seed=seed)
+        r["sweep"] = sweep(
+            k,
+            problem_sets[k],
+            plan.visits[k],
+            mechanism,
+            embedder,
+            sched,
+            workload_seeds=range(seed, seed + plan.sweep_seeds),
+            capacities=plan.capacities,
+            repeats=plan.sweep_repeats,
+            seed=seed,
+        )
         r["sweep_seconds"] = round(time.time() - t1, 1)
         r["pool"] = plan.sizes[k]
         results[k] = r
     return results
 
 
-def answer_and_evaluate(settings, plan: Plan, problem_sets: dict, streams: dict, *, mechanism, embedder, sched,
-                        cwd=None, progress: Callable = lambda it, desc: it, log: Callable = say) -> dict:
+def answer_and_evaluate(
+    settings,
+    plan: Plan,
+    problem_sets: dict,
+    streams: dict,
+    *,
+    mechanism,
+    embedder,
+    sched,
+    cwd=None,
+    progress: Callable = lambda it, desc: it,
+    log: Callable = say,
+) -> dict:
     """Serve (or reach ``settings.upstream``), make every LLM call through the answers memo, evaluate every arm.
 
     ``settings``: upstream, server_engine, model, answers, seed, max_tokens, concurrency, sim_threshold.
@@ -149,13 +233,33 @@ def answer_and_evaluate(settings, plan: Plan, problem_sets: dict, streams: dict,
         up = MemoUpstream(OpenAIUpstream(url, model=s.model, timeout=3600.0), s.answers)
         model = up.upstream.model  # asked while the server is up (the first model it lists)
         base = PerQueryLDP(up, PrivacyLedger(":memory:", 1e18), mechanism)
-        answers, plain_text = ask_all(base, up, streams, problem_sets, seed=s.seed, max_tokens=s.max_tokens,
-                                      concurrency=s.concurrency, progress=progress)
+        answers, plain_text = ask_all(
+            base,
+            up,
+            streams,
+            problem_sets,
+            seed=s.seed,
+            max_tokens=s.max_tokens,
+            concurrency=s.concurrency,
+            progress=progress,
+        )
         calls = up.calls
         log(f"LLM calls made in this invocation: {calls} ({time.time() - t0:.0f} s)")
-        results = evaluate_all(plan, problem_sets, streams, answers, plain_text, mechanism=mechanism,
-                               embedder=embedder, upstream=up, sched=sched, seed=s.seed, max_tokens=s.max_tokens,
-                               sim_threshold=s.sim_threshold, progress=progress)
+        results = evaluate_all(
+            plan,
+            problem_sets,
+            streams,
+            answers,
+            plain_text,
+            mechanism=mechanism,
+            embedder=embedder,
+            upstream=up,
+            sched=sched,
+            seed=s.seed,
+            max_tokens=s.max_tokens,
+            sim_threshold=s.sim_threshold,
+            progress=progress,
+        )
     return {"results": results, "model": model, "calls": calls, "extra_calls": up.calls - calls}
 
 
@@ -165,8 +269,10 @@ def header_line(settings, plan: Plan, run: dict) -> str:
     where = f"at {s.upstream}" if s.upstream else f"behind llmkit serve ({s.server_engine} engine)"
     if s.answers is not None and run["calls"] + run["extra_calls"] == 0:
         where = f"(every answer replayed from {s.answers}; no LLM call in this invocation)"
-    return (f"model: {run['model']} {where}; capacity {plan.capacity}; eps/token {s.epsilon_per_token:g}; rr eps "
-            f"{s.rr_epsilon:g}; {s.max_tokens} answer tokens; {plan.repeats} scheduler seeds per cache arm")
+    return (
+        f"model: {run['model']} {where}; capacity {plan.capacity}; eps/token {s.epsilon_per_token:g}; rr eps "
+        f"{s.rr_epsilon:g}; {s.max_tokens} answer tokens; {plan.repeats} scheduler seeds per cache arm"
+    )
 
 
 def workload_lines(kind: str, r: dict, plan: Plan) -> list[str]:
@@ -175,35 +281,53 @@ def workload_lines(kind: str, r: dict, plan: Plan) -> list[str]:
     arms = r["arms"]
     nc, mf, lru = arms["no_cache"], arms["ldpcache_multifactor"], arms["ldpcache_lru"]
     bs = r["accuracy_diff_vs_no_cache"]
+    saving = 1.0 - mf["epsilon_per_query"] / nc["epsilon_per_query"]
+    task = "one-step arithmetic from GSM8K" if kind.endswith("_arith") else "GSM8K"
     lines = [
-        (f"[{kind}] epsilon per answered query: no cache {nc['epsilon_per_query']:.1f}, LDPCache "
-        f"{mf['epsilon_per_query']:.1f} -> budget_saving {1.0 - mf['epsilon_per_query'] / nc['epsilon_per_query']:.3f}"),
-        (f"[{kind}] accuracy ({'one-step arithmetic from GSM8K' if kind.endswith('_arith') else 'GSM8K'}, same model, "
-        f"same perturbed queries; {r['queries']} queries): no cache {nc['accuracy']:.3f}, LDPCache {mf['accuracy']:.3f}, "
-        f"LRU {lru['accuracy']:.3f}; no privacy (plain ask per problem) {r['accuracy_plain_queries']:.3f} per query, "
-        f"{r['accuracy_plain_problems']:.3f} per problem ({r['problems']} problems)"),
-        (f"[{kind}] agreement with the no-privacy answer (same final number as the plain ask): no cache "
-        f"{nc['agreement']:.3f}, LDPCache {mf['agreement']:.3f}, LRU {lru['agreement']:.3f}"),
-        (f"[{kind}] where accuracy differs (only hits can differ; mean over scheduler seeds): LDPCache hits "
-        f"{mf['hits']:.1f} of {r['queries']}, correct {mf['hits_correct']:.1f} with the cached answer vs "
-        f"{mf['hits_correct_no_cache']:.1f} with the no-cache arm's own answer to the same queries; one "
-        f"wrong cached answer served up to {mf['max_hits_per_wrong_answer']:.1f} hits"),
-        f"[{kind}] accuracy difference vs no cache (95% interval, bootstrap over the {bs['ldpcache_lru']['problems']} "
-        "problems): " + "; ".join(f"{label} {bs[name]['diff']:+.3f} [{bs[name]['ci95'][0]:+.3f}, {bs[name]['ci95'][1]:+.3f}]"
-                                  for label, name in (("LDPCache", "ldpcache_multifactor"), ("LRU", "ldpcache_lru")))
+        (
+            f"[{kind}] epsilon per answered query: no cache {nc['epsilon_per_query']:.1f}, LDPCache "
+            f"{mf['epsilon_per_query']:.1f} -> budget_saving {saving:.3f}"
+        ),
+        (
+            f"[{kind}] accuracy ({task}, same model, same perturbed queries; {r['queries']} queries): no cache "
+            f"{nc['accuracy']:.3f}, LDPCache {mf['accuracy']:.3f}, LRU {lru['accuracy']:.3f}; no privacy (plain "
+            f"ask per problem) {r['accuracy_plain_queries']:.3f} per query, {r['accuracy_plain_problems']:.3f} "
+            f"per problem ({r['problems']} problems)"
+        ),
+        (
+            f"[{kind}] agreement with the no-privacy answer (same final number as the plain ask): no cache "
+            f"{nc['agreement']:.3f}, LDPCache {mf['agreement']:.3f}, LRU {lru['agreement']:.3f}"
+        ),
+        (
+            f"[{kind}] where accuracy differs (only hits can differ; mean over scheduler seeds): LDPCache hits "
+            f"{mf['hits']:.1f} of {r['queries']}, correct {mf['hits_correct']:.1f} with the cached answer vs "
+            f"{mf['hits_correct_no_cache']:.1f} with the no-cache arm's own answer to the same queries; one "
+            f"wrong cached answer served up to {mf['max_hits_per_wrong_answer']:.1f} hits"
+        ),
+        f"[{kind}] accuracy difference vs no cache (95% interval, bootstrap over the "
+        f"{bs['ldpcache_lru']['problems']} problems): "
+        + "; ".join(
+            f"{label} {bs[name]['diff']:+.3f} [{bs[name]['ci95'][0]:+.3f}, {bs[name]['ci95'][1]:+.3f}]"
+            for label, name in (("LDPCache", "ldpcache_multifactor"), ("LRU", "ldpcache_lru"))
+        )
         + f"; LDPCache non-inferior at margin {MARGIN} (lower bound >= -{MARGIN}): "
         + ("yes" if noninferior(bs["ldpcache_multifactor"]["ci95"]) else "no"),
-        (f"[{kind}] hit ratio at capacity {plan.capacity} ({plan.repeats} scheduler seeds): multi-factor "
-        f"{mf['hit_ratio']:.3f} (min {mf['hit_ratio_min']:.3f}, max {mf['hit_ratio_max']:.3f}), LRU "
-        f"{lru['hit_ratio']:.3f} (min {lru['hit_ratio_min']:.3f}, max {lru['hit_ratio_max']:.3f}), unbounded "
-        f"{arms['ldpcache_unbounded']['hit_ratio']:.3f}, GPTCache threshold (not private) "
-        f"{arms['gptcache_threshold']['hit_ratio']:.3f}; false hits {mf['false_hit_rate']:.3f}"),
+        (
+            f"[{kind}] hit ratio at capacity {plan.capacity} ({plan.repeats} scheduler seeds): multi-factor "
+            f"{mf['hit_ratio']:.3f} (min {mf['hit_ratio_min']:.3f}, max {mf['hit_ratio_max']:.3f}), LRU "
+            f"{lru['hit_ratio']:.3f} (min {lru['hit_ratio_min']:.3f}, max {lru['hit_ratio_max']:.3f}), "
+            f"unbounded {arms['ldpcache_unbounded']['hit_ratio']:.3f}, GPTCache threshold (not private) "
+            f"{arms['gptcache_threshold']['hit_ratio']:.3f}; false hits {mf['false_hit_rate']:.3f}"
+        ),
     ]
-    lines += [f"[{kind}] sweep capacity {cap} ({c['diff']['n']} runs = {plan.sweep_seeds} workload seeds x "
-              f"{plan.sweep_repeats} scheduler seeds): multi-factor {c['multifactor']['mean']:.3f} +- "
-              f"{c['multifactor']['std']:.3f}, LRU {c['lru']['mean']:.3f} +- {c['lru']['std']:.3f}; paired diff "
-              f"{c['diff']['mean']:+.3f} (se {c['diff']['se']:.3f}), multi-factor higher in "
-              f"{c['share_multifactor_higher']:.0%}, equal in {c['share_equal']:.0%}" for cap, c in r["sweep"].items()]
+    lines += [
+        f"[{kind}] sweep capacity {cap} ({c['diff']['n']} runs = {plan.sweep_seeds} workload seeds x "
+        f"{plan.sweep_repeats} scheduler seeds): multi-factor {c['multifactor']['mean']:.3f} +- "
+        f"{c['multifactor']['std']:.3f}, LRU {c['lru']['mean']:.3f} +- {c['lru']['std']:.3f}; paired diff "
+        f"{c['diff']['mean']:+.3f} (se {c['diff']['se']:.3f}), multi-factor higher in "
+        f"{c['share_multifactor_higher']:.0%}, equal in {c['share_equal']:.0%}"
+        for cap, c in r["sweep"].items()
+    ]
     return lines
 
 
@@ -234,28 +358,44 @@ def workload_figures(kind: str, r: dict, kinds: list[str]) -> dict:
         "accuracy_diff_cache_ci95": [round(x, 4) for x in ci95],
         "accuracy_noninferior": noninferior(ci95),
         "accuracy_on_hits_cache": round(mf["hits_correct"] / mf["hits"], 4) if mf["hits"] else None,
-        "accuracy_on_hits_no_cache": round(mf["hits_correct_no_cache"] / mf["hits"], 4) if mf["hits"] else None,
+        "accuracy_on_hits_no_cache": round(mf["hits_correct_no_cache"] / mf["hits"], 4)
+        if mf["hits"]
+        else None,
         "budget_saving_lru": round(1.0 - lru["epsilon_per_query"] / nc["epsilon_per_query"], 4),
         "hit_ratio_gptcache_not_private": round(arms["gptcache_threshold"]["hit_ratio"], 4),
         "hit_ratio_unbounded": round(arms["ldpcache_unbounded"]["hit_ratio"], 4),
         "false_hit_rate_cache": round(mf["false_hit_rate"], 4),
-        "sweep_hit_ratio_diff_mean": round(sum(c["diff"]["mean"] for c in r["sweep"].values()) / len(r["sweep"]), 4),
+        "sweep_hit_ratio_diff_mean": round(
+            sum(c["diff"]["mean"] for c in r["sweep"].values()) / len(r["sweep"]), 4
+        ),
     }
     return {k + sfx: v for k, v in f.items()}
 
 
 def pooled_figures(kinds: list[str], streams: dict, results: dict) -> tuple[dict, str]:
     """The workloads' problems together, one interval for the whole run: (figure keys, printed line)."""
-    pooled = pooled_bootstrap({k: (Counter(x["problem"] for x in streams[k]),
-                                   results[k]["arms"]["ldpcache_multifactor"]["correct_per_problem"],
-                                   results[k]["arms"]["no_cache"]["correct_per_problem"]) for k in kinds})
+    pooled = pooled_bootstrap(
+        {
+            k: (
+                Counter(x["problem"] for x in streams[k]),
+                results[k]["arms"]["ldpcache_multifactor"]["correct_per_problem"],
+                results[k]["arms"]["no_cache"]["correct_per_problem"],
+            )
+            for k in kinds
+        }
+    )
     lo, hi = pooled["ci95"]
     ok = noninferior(pooled["ci95"])
-    line = (f"[pooled: {', '.join(kinds)}] accuracy difference LDPCache - no cache over "
-            f"{sum(len(streams[k]) for k in kinds)} queries, {pooled['problems']} problems: {pooled['diff']:+.3f} "
-            f"[{lo:+.3f}, {hi:+.3f}]; non-inferior at margin {MARGIN}: {'yes' if ok else 'no'}")
-    return {"accuracy_diff_pooled": round(pooled["diff"], 4), "accuracy_diff_pooled_ci95": [round(lo, 4), round(hi, 4)],
-            "accuracy_noninferior_pooled": ok}, line
+    line = (
+        f"[pooled: {', '.join(kinds)}] accuracy difference LDPCache - no cache over "
+        f"{sum(len(streams[k]) for k in kinds)} queries, {pooled['problems']} problems: {pooled['diff']:+.3f} "
+        f"[{lo:+.3f}, {hi:+.3f}]; non-inferior at margin {MARGIN}: {'yes' if ok else 'no'}"
+    )
+    return {
+        "accuracy_diff_pooled": round(pooled["diff"], 4),
+        "accuracy_diff_pooled_ci95": [round(lo, 4), round(hi, 4)],
+        "accuracy_noninferior_pooled": ok,
+    }, line
 
 
 def run_figures(plan: Plan, streams: dict, results: dict, log: Callable = say) -> dict:
@@ -277,11 +417,24 @@ def run_figures(plan: Plan, streams: dict, results: dict, log: Callable = say) -
 def result_stem(kinds: list[str], quick: bool) -> str:
     """ldp_cache, ldp_cache_arith or ldp_cache_mixed, with _quick."""
     arith = [k.endswith("_arith") for k in kinds]
-    return "ldp_cache" + ("_arith" if all(arith) else "_mixed" if any(arith) else "") + ("_quick" if quick else "")
+    return (
+        "ldp_cache"
+        + ("_arith" if all(arith) else "_mixed" if any(arith) else "")
+        + ("_quick" if quick else "")
+    )
 
 
-def build_result(plan: Plan, results: dict, figures: dict, *, model: str, max_tokens: int, config: dict,
-                 mechanism: str, fixed_budget: dict) -> dict:
+def build_result(
+    plan: Plan,
+    results: dict,
+    figures: dict,
+    *,
+    model: str,
+    max_tokens: int,
+    config: dict,
+    mechanism: str,
+    fixed_budget: dict,
+) -> dict:
     """The result file's content (the keys bench/report.py and the results pages read)."""
     return {
         "figures": figures,
@@ -293,8 +446,11 @@ def build_result(plan: Plan, results: dict, figures: dict, *, model: str, max_to
         "max_tokens": max_tokens,
         "repeats": plan.repeats,
         "zipf_s": W.ZIPF_S,
-        "sweep": {"workload_seeds": plan.sweep_seeds, "scheduler_seeds": plan.sweep_repeats,
-                  "capacities": plan.capacities},
+        "sweep": {
+            "workload_seeds": plan.sweep_seeds,
+            "scheduler_seeds": plan.sweep_repeats,
+            "capacities": plan.capacities,
+        },
         "mechanism": mechanism,
         "workload_description": (W.__doc__ or "").strip(),
         "fixed_budget": {k: v for k, v in fixed_budget.items() if k != "curves"},
@@ -323,28 +479,44 @@ def plot(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(len(kinds), 4, figsize=(16, 3.6 * len(kinds)), squeeze=False)
     for row, kind in zip(axes, kinds):
         w = result["workloads"][kind]
-        for ax, key, title in zip(row[::2], ["epsilon_per_query", "hit_ratio"],
-                                  ["epsilon per answered query", "hit ratio"]):
+        for ax, key, title in zip(
+            row[::2], ["epsilon_per_query", "hit_ratio"], ["epsilon per answered query", "hit ratio"]
+        ):
             ax.bar(labels, [w["arms"][a].get(key, 0.0) for a in arms], color=["grey", "C0", "C1", "C2"])
             ax.set_title(f"{kind}: {title}")
             ax.tick_params(axis="x", labelsize=7)
         ax = row[1]
         xs = list(range(len(arms)))
-        ax.bar([x - 0.2 for x in xs], [w["arms"][a].get("accuracy", 0.0) for a in arms], 0.4, label="accuracy")
-        ax.bar([x + 0.2 for x in xs], [w["arms"][a].get("agreement", 0.0) for a in arms], 0.4,
-               label="agrees with no-privacy answer")
+        ax.bar(
+            [x - 0.2 for x in xs], [w["arms"][a].get("accuracy", 0.0) for a in arms], 0.4, label="accuracy"
+        )
+        ax.bar(
+            [x + 0.2 for x in xs],
+            [w["arms"][a].get("agreement", 0.0) for a in arms],
+            0.4,
+            label="agrees with no-privacy answer",
+        )
         ax.axhline(w["accuracy_plain_queries"], color="k", ls="--", lw=1, label="no-privacy accuracy")
         ax.set_xticks(xs, labels)
         ax.tick_params(axis="x", labelsize=7)
         ax.set_title(f"{kind}: answer quality")
-        ax.set_ylim(0, 1.35 * max(0.01, w["accuracy_plain_queries"], *(w["arms"][a].get("accuracy", 0) for a in arms)))
+        ax.set_ylim(
+            0, 1.35 * max(0.01, w["accuracy_plain_queries"], *(w["arms"][a].get("accuracy", 0) for a in arms))
+        )
         ax.legend(fontsize=7, loc="upper right")
         ax = row[3]
         sw = w.get("sweep", {})
         caps = sorted(int(c) for c in sw)
         for pol, color in (("multifactor", "C0"), ("lru", "C1")):
-            ax.errorbar(caps, [sw[str(c)][pol]["mean"] for c in caps], yerr=[sw[str(c)][pol]["std"] for c in caps],
-                        marker="o", capsize=3, color=color, label=pol)
+            ax.errorbar(
+                caps,
+                [sw[str(c)][pol]["mean"] for c in caps],
+                yerr=[sw[str(c)][pol]["std"] for c in caps],
+                marker="o",
+                capsize=3,
+                color=color,
+                label=pol,
+            )
         ax.set_xlabel("capacity (entries)")
         ax.set_title(f"{kind}: hit ratio vs capacity (mean +- std)")
         ax.legend(fontsize=8)

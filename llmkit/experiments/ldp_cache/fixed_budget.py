@@ -55,9 +55,23 @@ LABELS = {"no_cache": "no cache", "ldpcache": "LDPCache", "lru": "LRU", "gptcach
 KINDS = ("uniform_arith", "zipf_arith")
 
 
-def run_fixed_budget(queries: list[dict], arm: str, *, mechanism, embedder, upstream, per_query: float,
-                     capacity: int, seed, bit_seed, max_tokens: int, bit_share: float = 0.25,
-                     bit_cap: float = 3.0, sim_threshold: float = 0.8, gain_threshold: float = 0.1) -> dict:
+def run_fixed_budget(
+    queries: list[dict],
+    arm: str,
+    *,
+    mechanism,
+    embedder,
+    upstream,
+    per_query: float,
+    capacity: int,
+    seed,
+    bit_seed,
+    max_tokens: int,
+    bit_share: float = 0.25,
+    bit_cap: float = 3.0,
+    sim_threshold: float = 0.8,
+    gain_threshold: float = 0.1,
+) -> dict:
     """One pass of ``arm`` over the stream with total budget ``per_query * len(queries)``.
 
     Query i's perturbation uses the seed ``[*seed, i]`` in every arm (common random numbers).
@@ -73,8 +87,13 @@ def run_fixed_budget(queries: list[dict], arm: str, *, mechanism, embedder, upst
     if arm == "no_cache":
         client = PerQueryLDP(upstream, ledger, mechanism)
     else:
-        sched = (ThresholdScheduler(sim_threshold) if arm == "gptcache"
-                 else LDPScheduler(bit, sim_threshold, gain_threshold) if bit > 0 else None)
+        sched = (
+            ThresholdScheduler(sim_threshold)
+            if arm == "gptcache"
+            else LDPScheduler(bit, sim_threshold, gain_threshold)
+            if bit > 0
+            else None
+        )
         if sched is None:
             raise ValueError("a private cache arm needs a positive bit epsilon (bit_share x per_query)")
         store = CacheStore(capacity=capacity, policy=make_policy("lru" if arm == "lru" else "multifactor"))
@@ -89,11 +108,23 @@ def run_fixed_budget(queries: list[dict], arm: str, *, mechanism, embedder, upst
         else:
             # the bit is reserved even when the cache is empty (then it is refunded): public either way
             e = plan.call_epsilon(i, remaining - bit, misses)
-            a = client.ask(x["text"], seed=[*seed, i], bit_seed=[bit_seed, i], epsilon=e,
-                           max_tokens=max_tokens, temperature=0)
+            a = client.ask(
+                x["text"],
+                seed=[*seed, i],
+                bit_seed=[bit_seed, i],
+                epsilon=e,
+                max_tokens=max_tokens,
+                temperature=0,
+            )
         misses += not a.cache_hit
-        rows.append({"hit": a.cache_hit, "call_epsilon": None if a.cache_hit else e,
-                     "correct": correct(a.text, x["gold"]), "sent": None if a.cache_hit else a.sent_messages})
+        rows.append(
+            {
+                "hit": a.cache_hit,
+                "call_epsilon": None if a.cache_hit else e,
+                "correct": correct(a.text, x["gold"]),
+                "sent": None if a.cache_hit else a.sent_messages,
+            }
+        )
     calls = [r["call_epsilon"] for r in rows if r["call_epsilon"] is not None]
     return {
         "accuracy": sum(r["correct"] for r in rows) / q,
@@ -117,14 +148,16 @@ def mean_over_seeds(runs: list[dict]) -> dict:
     out["spent_max"] = max(r["spent"] for r in runs)
     out["total"], out["bit_epsilon"] = runs[0]["total"], runs[0]["bit_epsilon"]
     pids = {p for r in runs for p in r["correct_per_problem"]}
-    out["correct_per_problem"] = {p: sum(r["correct_per_problem"].get(p, 0) for r in runs) / len(runs)
-                                  for p in pids}
+    out["correct_per_problem"] = {
+        p: sum(r["correct_per_problem"].get(p, 0) for r in runs) / len(runs) for p in pids
+    }
     out["accuracy_runs"] = [round(r["accuracy"], 4) for r in runs]
     return out
 
 
-def fixed_budget_curve(queries: list[dict], per_query_budgets, *, repeats: int, seed, arms=ARMS,
-                       progress=None, **kw) -> dict:
+def fixed_budget_curve(
+    queries: list[dict], per_query_budgets, *, repeats: int, seed, arms=ARMS, progress=None, **kw
+) -> dict:
     """Every arm at every per-query budget B/Q, averaged over ``repeats`` seeds, with intervals.
 
     Intervals: 95% bootstrap over problems (:func:`.runs.problem_bootstrap`) of each arm's
@@ -135,8 +168,10 @@ def fixed_budget_curve(queries: list[dict], per_query_budgets, *, repeats: int, 
     for b in per_query_budgets:
         cell = {}
         for arm in arms:
-            runs = [run_fixed_budget(queries, arm, per_query=b, seed=[*seed, r], bit_seed=1000 + r, **kw)
-                    for r in range(repeats)]
+            runs = [
+                run_fixed_budget(queries, arm, per_query=b, seed=[*seed, r], bit_seed=1000 + r, **kw)
+                for r in range(repeats)
+            ]
             m = mean_over_seeds(runs)
             acc = problem_bootstrap(per_problem, m["correct_per_problem"], {})
             m["accuracy_ci95"] = acc["ci95"]
@@ -145,8 +180,9 @@ def fixed_budget_curve(queries: list[dict], per_query_budgets, *, repeats: int, 
                 progress(b, arm, m)
         for arm in arms:
             if arm != "no_cache" and "no_cache" in cell:
-                d = problem_bootstrap(per_problem, cell[arm]["correct_per_problem"],
-                                      cell["no_cache"]["correct_per_problem"])
+                d = problem_bootstrap(
+                    per_problem, cell[arm]["correct_per_problem"], cell["no_cache"]["correct_per_problem"]
+                )
                 cell[arm]["diff_vs_no_cache"] = d["diff"]
                 cell[arm]["diff_vs_no_cache_ci95"] = d["ci95"]
         out[str(b)] = cell
@@ -163,21 +199,35 @@ def pooled_at(curves: dict[str, dict], streams: dict[str, list[dict]], budget) -
     arms = list(next(iter(curves.values()))[key])
     out = {}
     for arm in arms:
-        per = {k: (Counter(x["problem"] for x in streams[k]), curves[k][key][arm]["correct_per_problem"], {})
-               for k in curves}
+        per = {
+            k: (Counter(x["problem"] for x in streams[k]), curves[k][key][arm]["correct_per_problem"], {})
+            for k in curves
+        }
         acc = pooled_bootstrap(per)
         n = sum(len(streams[k]) for k in curves)
         calls = sum(curves[k][key][arm]["calls"] for k in curves)
         out[arm] = {
-            "accuracy": acc["diff"], "accuracy_ci95": acc["ci95"],
-            "epsilon_per_call": sum(curves[k][key][arm]["epsilon_per_call"] * curves[k][key][arm]["calls"]
-                                    for k in curves) / calls if calls else 0.0,
+            "accuracy": acc["diff"],
+            "accuracy_ci95": acc["ci95"],
+            "epsilon_per_call": sum(
+                curves[k][key][arm]["epsilon_per_call"] * curves[k][key][arm]["calls"] for k in curves
+            )
+            / calls
+            if calls
+            else 0.0,
             "hit_ratio": sum(curves[k][key][arm]["hit_ratio"] * len(streams[k]) for k in curves) / n,
         }
         if arm != "no_cache" and "no_cache" in arms:
-            d = pooled_bootstrap({k: (Counter(x["problem"] for x in streams[k]),
-                                      curves[k][key][arm]["correct_per_problem"],
-                                      curves[k][key]["no_cache"]["correct_per_problem"]) for k in curves})
+            d = pooled_bootstrap(
+                {
+                    k: (
+                        Counter(x["problem"] for x in streams[k]),
+                        curves[k][key][arm]["correct_per_problem"],
+                        curves[k][key]["no_cache"]["correct_per_problem"],
+                    )
+                    for k in curves
+                }
+            )
             out[arm]["diff_vs_no_cache"], out[arm]["diff_vs_no_cache_ci95"] = d["diff"], d["ci95"]
     return out
 
@@ -190,7 +240,9 @@ def budgets_of(budgets: str | None, quick: bool) -> list[float]:
     return [float(b) for b in (budgets or ("4" if quick else "1,2,3,4,6,8,12")).split(",")]
 
 
-def bank_streams(data: Path, bank_size: int, visits: int, seed: int) -> tuple[list[dict], dict[str, list[dict]]]:
+def bank_streams(
+    data: Path, bank_size: int, visits: int, seed: int
+) -> tuple[list[dict], dict[str, list[dict]]]:
     """The public bank (the first ``bank_size`` arithmetic problems) and one stream per kind over it."""
     bank = load_arith_problems(data, bank_size, seed)
     return bank, {k: build(k, bank, visits, seed) for k in KINDS}
@@ -200,11 +252,26 @@ def plain_messages(question: str) -> list[dict]:
     return [{"role": "user", "content": question}]
 
 
-def answer_bank(memo: MemoUpstream, bank: list[dict], params: dict, *, url: str | None, model: str | None,
-                engine: str, concurrency: int, cwd=None, upstream_cls=None, log: Callable = say) -> dict[int, bool]:
+def answer_bank(
+    memo: MemoUpstream,
+    bank: list[dict],
+    params: dict,
+    *,
+    url: str | None,
+    model: str | None,
+    engine: str,
+    concurrency: int,
+    cwd=None,
+    upstream_cls=None,
+    log: Callable = say,
+) -> dict[int, bool]:
     """Ask the model once per bank question not on file yet (``llmkit serve`` is started when ``url`` is None),
     then freeze ``memo`` so that any other call fails; returns whether each plain answer is right."""
-    missing = [p for p in bank if json.dumps([plain_messages(p["question"]), params], sort_keys=True) not in memo.memo]
+    missing = [
+        p
+        for p in bank
+        if json.dumps([plain_messages(p["question"]), params], sort_keys=True) not in memo.memo
+    ]
     if missing:
         upstream_cls = upstream_cls or OpenAIUpstream
         if url is None:
@@ -223,24 +290,34 @@ def answer_bank(memo: MemoUpstream, bank: list[dict], params: dict, *, url: str 
 
 def budget_line(name: str, b: float, arms: dict) -> str:
     """One printed line per workload (or pooled) and budget."""
+
     def diff(a):
         lo, hi = arms[a]["diff_vs_no_cache_ci95"]
         return f"{arms[a]['diff_vs_no_cache']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
-    return (f"[fixed budget, {name}] B/Q {b:g}: accuracy "
-            + ", ".join(f"{LABELS[a]} {arms[a]['accuracy']:.3f} [{arms[a]['accuracy_ci95'][0]:.3f}, "
-                        f"{arms[a]['accuracy_ci95'][1]:.3f}]" for a in ARMS)
-            + "; epsilon per cloud call " + ", ".join(f"{LABELS[a]} {arms[a]['epsilon_per_call']:.2f}" for a in ARMS)
-            + f"; hit ratio LDPCache {arms['ldpcache']['hit_ratio']:.3f}; LDPCache - no cache {diff('ldpcache')}, "
-            f"LRU - no cache {diff('lru')}")
+    return (
+        f"[fixed budget, {name}] B/Q {b:g}: accuracy "
+        + ", ".join(
+            f"{LABELS[a]} {arms[a]['accuracy']:.3f} [{arms[a]['accuracy_ci95'][0]:.3f}, "
+            f"{arms[a]['accuracy_ci95'][1]:.3f}]"
+            for a in ARMS
+        )
+        + "; epsilon per cloud call "
+        + ", ".join(f"{LABELS[a]} {arms[a]['epsilon_per_call']:.2f}" for a in ARMS)
+        + f"; hit ratio LDPCache {arms['ldpcache']['hit_ratio']:.3f}; LDPCache - no cache {diff('ldpcache')}, "
+        f"LRU - no cache {diff('lru')}"
+    )
 
 
 def token_keep_rate(token_mechanism, streams: dict, pooled_cell: dict, n: int = 20) -> dict:
     """Expected share of word pieces the token mechanism would keep at the pooled epsilons per call of the
     no-cache and LDPCache arms (exact expectation over the first ``n`` uniform_arith queries)."""
     texts = [x["text"] for x in streams["uniform_arith"][:n]]
-    return {a: sum(token_mechanism.expected_keep_rate(t, pooled_cell[a]["epsilon_per_call"]) for t in texts)
-            / len(texts) for a in ("no_cache", "ldpcache")}
+    return {
+        a: sum(token_mechanism.expected_keep_rate(t, pooled_cell[a]["epsilon_per_call"]) for t in texts)
+        / len(texts)
+        for a in ("no_cache", "ldpcache")
+    }
 
 
 def fixed_budget_figures(curves: dict, pooled: dict, budgets: list[float], plain: dict[int, bool]) -> dict:
@@ -253,7 +330,9 @@ def fixed_budget_figures(curves: dict, pooled: dict, budgets: list[float], plain
         "accuracy_fixed_budget_cache": round(pa["ldpcache"]["accuracy"], 4),
         "accuracy_fixed_budget_lru": round(pa["lru"]["accuracy"], 4),
         "accuracy_fixed_budget_gptcache_not_private": round(pa["gptcache"]["accuracy"], 4),
-        "accuracy_fixed_budget_diff_cache_ci95": [round(x, 4) for x in pa["ldpcache"]["diff_vs_no_cache_ci95"]],
+        "accuracy_fixed_budget_diff_cache_ci95": [
+            round(x, 4) for x in pa["ldpcache"]["diff_vs_no_cache_ci95"]
+        ],
         "epsilon_per_cloud_call_fixed_budget_cache": round(pa["ldpcache"]["epsilon_per_call"], 4),
         "hit_ratio_fixed_budget_cache": round(pa["ldpcache"]["hit_ratio"], 4),
         "accuracy_plain_bank": round(sum(plain.values()) / len(plain), 4),
@@ -270,8 +349,17 @@ def config_of(settings) -> dict:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(settings).items()}
 
 
-def fixed_budget_section(settings, embedder, capacity: int, max_tokens: int, token_mechanism=None, *,
-                         cwd=None, upstream_cls=None, log: Callable = say) -> tuple[dict, dict]:
+def fixed_budget_section(
+    settings,
+    embedder,
+    capacity: int,
+    max_tokens: int,
+    token_mechanism=None,
+    *,
+    cwd=None,
+    upstream_cls=None,
+    log: Callable = say,
+) -> tuple[dict, dict]:
     """The fixed-total-budget experiment; returns (the JSON section, its figure keys).
 
     ``settings`` holds the bench's flags: quick, budgets, budget_repeats, data, bank, budget_visits,
@@ -284,20 +372,46 @@ def fixed_budget_section(settings, embedder, capacity: int, max_tokens: int, tok
     bank, streams = bank_streams(s.data, s.bank, s.budget_visits, s.seed)
     mech = CandidateMechanism([p["question"] for p in bank], embedder, budgets[0])
     memo = MemoUpstream(None, s.budget_answers)
-    plain = answer_bank(memo, bank, {"max_tokens": max_tokens, "temperature": 0}, url=s.upstream, model=s.model,
-                        engine=s.server_engine, concurrency=s.concurrency, cwd=cwd, upstream_cls=upstream_cls,
-                        log=log)
-    log(f"fixed budget: bank of {len(bank)} public candidate questions (the model answers {sum(plain.values())} "
+    plain = answer_bank(
+        memo,
+        bank,
+        {"max_tokens": max_tokens, "temperature": 0},
+        url=s.upstream,
+        model=s.model,
+        engine=s.server_engine,
+        concurrency=s.concurrency,
+        cwd=cwd,
+        upstream_cls=upstream_cls,
+        log=log,
+    )
+    log(
+        f"fixed budget: bank of {len(bank)} public candidate questions (the model answers {sum(plain.values())} "
         "right when asked plainly); streams "
-        + ", ".join(f"{k} {len(streams[k])} queries over {len({x['problem'] for x in streams[k]})} problems"
-                    for k in KINDS)
-        + f"; capacity {capacity}; bit = {s.bit_share:g} x B/Q (at most {s.rr_epsilon:g}); {repeats} seeds")
+        + ", ".join(
+            f"{k} {len(streams[k])} queries over {len({x['problem'] for x in streams[k]})} problems"
+            for k in KINDS
+        )
+        + f"; capacity {capacity}; bit = {s.bit_share:g} x B/Q (at most {s.rr_epsilon:g}); {repeats} seeds"
+    )
     t0 = time.time()
-    curves = {k: fixed_budget_curve(streams[k], budgets, repeats=repeats, seed=[s.seed, WORKLOADS.index(k), 7],
-                                    mechanism=mech, embedder=embedder, upstream=memo, capacity=capacity,
-                                    max_tokens=max_tokens, bit_share=s.bit_share, bit_cap=s.rr_epsilon,
-                                    sim_threshold=s.sim_threshold, gain_threshold=s.gain_threshold)
-              for k in KINDS}
+    curves = {
+        k: fixed_budget_curve(
+            streams[k],
+            budgets,
+            repeats=repeats,
+            seed=[s.seed, WORKLOADS.index(k), 7],
+            mechanism=mech,
+            embedder=embedder,
+            upstream=memo,
+            capacity=capacity,
+            max_tokens=max_tokens,
+            bit_share=s.bit_share,
+            bit_cap=s.rr_epsilon,
+            sim_threshold=s.sim_threshold,
+            gain_threshold=s.gain_threshold,
+        )
+        for k in KINDS
+    }
     pooled = {}
     for b in budgets:
         pooled[str(b)] = pa = pooled_at(curves, streams, b)
@@ -305,9 +419,11 @@ def fixed_budget_section(settings, embedder, capacity: int, max_tokens: int, tok
             log(budget_line(name, b, arms))
         if token_mechanism is not None:  # why the token mechanism is not an arm here (no LLM call needed)
             keep = pa["token_mechanism_keep_rate"] = token_keep_rate(token_mechanism, streams, pa)
-            log(f"[fixed budget] the token mechanism at the same epsilons would keep {keep['no_cache']:.2e} "
+            log(
+                f"[fixed budget] the token mechanism at the same epsilons would keep {keep['no_cache']:.2e} "
                 f"(no cache) / {keep['ldpcache']:.2e} (LDPCache's epsilon per call) of the word pieces "
-                f"(exact expectation over 20 queries; at eps/token 38 it keeps ~0.98)")
+                f"(exact expectation over 20 queries; at eps/token 38 it keeps ~0.98)"
+            )
     log(f"fixed budget: {time.time() - t0:.0f} s, no LLM call beyond the bank's answers")
     figures = fixed_budget_figures(curves, pooled, budgets, plain)
     section = {
@@ -322,8 +438,16 @@ def fixed_budget_section(settings, embedder, capacity: int, max_tokens: int, tok
         "bit_cap": s.rr_epsilon,
         "mechanism": mech.name,
         "pooled": pooled,
-        "curves": {k: {b: {a: {kk: vv for kk, vv in m.items() if kk != "correct_per_problem"}
-                           for a, m in cell.items()} for b, cell in curves[k].items()} for k in KINDS},
+        "curves": {
+            k: {
+                b: {
+                    a: {kk: vv for kk, vv in m.items() if kk != "correct_per_problem"}
+                    for a, m in cell.items()
+                }
+                for b, cell in curves[k].items()
+            }
+            for k in KINDS
+        },
         "figures": figures,
         "config": config_of(s),
     }
@@ -342,18 +466,28 @@ def write_fixed_budget(section: dict, out_dir: Path, stem: str) -> Path:
     budgets = section["budgets_per_query"]
     panels = [*section["curves"].items(), ("pooled", section["pooled"])]
     fig, axes = plt.subplots(2, len(panels), figsize=(5 * len(panels), 8), squeeze=False)
-    labels = {"gptcache": "GPTCache (not private)", "no_cache": "no cache (B/Q per query)",
-              "ldpcache": "LDPCache (multi-factor)", "lru": "LDPCache scheduler, LRU"}
+    labels = {
+        "gptcache": "GPTCache (not private)",
+        "no_cache": "no cache (B/Q per query)",
+        "ldpcache": "LDPCache (multi-factor)",
+        "lru": "LDPCache scheduler, LRU",
+    }
     for j, (name, curve) in enumerate(panels):
-        for i, (arm, color) in enumerate((("no_cache", "grey"), ("ldpcache", "C0"), ("lru", "C1"),
-                                          ("gptcache", "C2"))):
+        for i, (arm, color) in enumerate(
+            (("no_cache", "grey"), ("ldpcache", "C0"), ("lru", "C1"), ("gptcache", "C2"))
+        ):
             xs = [b * (1 + 0.02 * (i - 1.5)) for b in budgets]  # small offsets so the bars do not overlap
             acc = [curve[str(b)][arm]["accuracy"] for b in budgets]
             lo = [a - curve[str(b)][arm]["accuracy_ci95"][0] for a, b in zip(acc, budgets)]
             hi = [curve[str(b)][arm]["accuracy_ci95"][1] - a for a, b in zip(acc, budgets)]
             axes[0][j].errorbar(xs, acc, yerr=[lo, hi], marker="o", capsize=3, color=color, label=labels[arm])
-            axes[1][j].plot(budgets, [curve[str(b)][arm]["epsilon_per_call"] for b in budgets], marker="o",
-                            color=color, label=labels[arm])
+            axes[1][j].plot(
+                budgets,
+                [curve[str(b)][arm]["epsilon_per_call"] for b in budgets],
+                marker="o",
+                color=color,
+                label=labels[arm],
+            )
         axes[0][j].set_title(f"{name}: accuracy at a fixed total budget (95% CI)")
         axes[1][j].set_title(f"{name}: epsilon per cloud call")
         for ax in axes[:, j]:

@@ -156,9 +156,6 @@ def build_uniform(problems: list[dict], visits: int, seed: int, p_revisit: float
     return queries
 
 
-build_workload = build_uniform  # session 1's name
-
-
 def build_zipf(problems: list[dict], visits: int, seed: int, s: float = ZIPF_S) -> list[dict]:
     """Independent reference model with Zipf(s) popularity over a randomly ranked pool."""
     rng = random.Random(seed)
