@@ -29,8 +29,8 @@ The mean over the entries still cached depends on what the policy evicted: a pol
 keeps accurate, diverse entries raised it, and with it the bar acc x sim >= E[acc | cloud]
 - gain_threshold that every hit must pass, and so lost hits for keeping better entries.
 
-The defaults were chosen on tuning traces the benchmark never uses (other GSM8K problems and
-workload seeds). Measured against LRU: bench/results/ldp_cache.md and
+The defaults were chosen on tuning traces the benchmark never uses (GSM8K problem seed 1,
+workload seeds 100-105). Measured against LRU: bench/results/ldp_cache.md and
 bench/results/ldp_cache_eviction_ablation.md.
 """
 
