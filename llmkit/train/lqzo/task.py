@@ -4,7 +4,8 @@ Why ``sentiment`` (the default): the bundled 135M model is at a few percent on G
 graded), where a few hundred zeroth-order steps on quantization scales cannot move anything
 measurable, and generation on 2 shared CPU cores costs more than the training. Procedural
 two-sentence reviews with a clear polarity (SST-2-like, the kind of prompted two-way choice on which
-MeZO reports its results) are a task the full-precision model does above chance but not well (bench/results/lqzo_quick.md), so there is room both to lose (quantization) and to gain (finetuning); it
+MeZO reports its results) are a task the full-precision model does above chance but not well
+(bench/results/lqzo_quick.md), so there is room both to lose (quantization) and to gain (finetuning); it
 is graded exactly without generation (the answer is the choice with the higher completion
 log-likelihood), and the generator gives fresh held-out problems with no data file. ``compare``
 (which of two numbers is larger) is kept as a harder option: the bundled model is at chance on it
