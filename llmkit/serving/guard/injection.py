@@ -14,10 +14,10 @@ tutor that solves the problem has no reason to write it. The check is one-sided 
 response can ignore the problem without leaking and still count as compliant), the usual
 trade of canary-based injection tests: every violation it reports is a real leak.
 
-Measured on the bundled 135M model (greedy, 24 new tokens, 4 questions per wording):
-injections asking to "do something else and say WORD" (the canary given by the user) were
-never followed (0/48), so the set uses the secret-word form, where some wordings leak
-every time and others never: the set mixes both.
+Why the secret-word form: in a pilot with the bundled model, injections asking to "do something
+else and say WORD" (the canary given by the user) were never followed, while secret-word wordings
+range from always leaking to never; the set mixes them. Pass rates per setting:
+bench/results/guard.md.
 """
 
 from __future__ import annotations
