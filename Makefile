@@ -25,7 +25,8 @@ demo: $(STAMP)
 	$(BIN)/python -m llmkit.demo
 
 test: $(STAMP)
-	$(BIN)/pytest -q
+	# two workers on two cores: much of the suite waits on subprocesses, servers and model loads
+	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not bundled and not vllm and not slow"

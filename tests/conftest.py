@@ -190,3 +190,14 @@ def offline_env(tmp_path_factory) -> dict:
     env.update(PYTHONPATH=str(site), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false")
     return env
+
+
+def pytest_collection_modifyitems(config, items):
+    """With ``pytest -n 2 --dist loadgroup`` (``make test``): a test file runs on one worker, so its module
+    fixtures (models, engines, servers) are built once, and every test that uses the session's vLLM server
+    runs on the same worker, so that engine starts once."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        group = "vllm_server" if "vllm_server" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
