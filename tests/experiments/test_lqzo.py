@@ -203,3 +203,32 @@ def test_a_failed_probe_is_a_runtime_error_from_a_fresh_process():
     """The probe's process imports no model (``llmkit.experiments.lqzo`` imports torch only where used)."""
     with pytest.raises(RuntimeError, match="probe bogus failed: ValueError"):
         L.run_probe("bogus")
+
+
+def test_a_cell_is_saved_and_extend_runs_only_the_learning_rates_it_lacks(tmp_path, monkeypatch):
+    p = L.presets(True, lr_sweep=[1.0, 2.0], seeds=2)
+    bench = L.LqzoBench(p, parts_dir=tmp_path, data_dir=None, cache=tmp_path, log=lambda *_: None)
+    base = nn.Linear(1, 1, bias=False).requires_grad_(False)
+    trained = []
+
+    def fake_train(m, tok, ds, settings, steps, lr, batch, max_length, out, seed=0):
+        m.weight.data.fill_(lr)
+        trained.append((lr, seed))
+        return [{"loss": lr}]
+
+    monkeypatch.setattr(L, "load_model", lambda *a, **k: (base, None))
+    monkeypatch.setattr(L, "train_zo", fake_train)
+    monkeypatch.setattr(L.LqzoBench, "sp", {"train_ds": None})
+    monkeypatch.setattr(bench, "val_loss", lambda m, tok: (float(m.weight) - 0.3) ** 2)
+    monkeypatch.setattr(bench, "test", lambda m, tok: {"eval_loss": float(m.weight), "accuracy": 0.5})
+    part = bench.train_cell("lqzo_int2")
+    assert (part["best_lr"], part["lrs"], part["seeds"]) == (1.0, [1.0, 2.0], [0, 1])
+    assert trained == [(1.0, 0), (2.0, 0), (1.0, 1)]
+    assert bench.part("lqzo_int2")["runs"] == part["runs"]  # saved
+    bench.p = dict(p, lrs=[0.25, 1.0, 2.0])
+    trained.clear()
+    ext = bench.train_cell("lqzo_int2", extend=True)
+    assert trained == [(0.25, 0), (0.25, 1)]  # only the new lr, then its reruns: it won
+    assert (ext["best_lr"], ext["lrs"], [e["lr"] for e in ext["sweep"]]) == (0.25, [0.25, 1.0, 2.0], [0.25, 1.0, 2.0])
+    trained.clear()
+    assert bench.train_cell("lqzo_int2", extend=True)["best_lr"] == 0.25 and trained == []  # nothing new to run
