@@ -37,7 +37,7 @@ it while the long side gets only r directions. The low-rank directional derivati
 kurtosis growing with ``||G^T G||_F^2 / ||G||_F^4``, about ``1/m + 1/n`` for a generic m x n matrix:
 dominated by the short side. ``isotropic_shape`` regroups the matrix, whole rows together, into the
 ``(m / k, k n)`` shape closest to square: still unbiased, the projected derivative closer to Gaussian, so the
-variance drops (tests/test_optim_zo.py checks both). The paper may regroup otherwise; a reshape is free.
+variance drops (the isotropy tests of the ZO estimators check both). The paper may regroup otherwise.
 """
 
 from __future__ import annotations
