@@ -2,7 +2,7 @@
 
 On the same greedy answers to IHEval and the GSM8K secret-word set: dispersion per layer, detection AUROC
 (in-source and cross-source) against baselines, correction arms on IHEval, `llmkit serve --guard` latency and
-CPU. Stages: llmkit.experiments.guard; sizes: --help; results: bench/results/guard.md. The full run is split
+CPU. Stages: llmkit.experiments.guard; sizes: --quick below; results: bench/results/guard.md. The full run is split
 over both cores (N `--shard K/N` processes generate, then capture, into shared files; one does the rest).
 The committed guard_quick.json replays the full run's answers (guard_parts/responses_full.json.gz as R.json;
 its 90 tool-use answers came from the transformers engine: vLLM on the loaded shared CPU did not finish them):
@@ -26,7 +26,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
     add("--quick", action="store_true", help="10 IHEval items per variant file, prompts <= 400 tokens, 64 GSM8K "
         "questions, 24 new tokens, 4 latency requests, hf answers (full: every sample, 160, 64, 8, vLLM bf16)")
