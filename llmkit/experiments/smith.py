@@ -423,12 +423,11 @@ def plot(res: dict, png: Path) -> Path:
         xs, ys = run["curves"].get("pool_size", ([], []))
         if xs:
             axes[2].plot(xs, ys, marker="o", label=name)
-    axes[1].set_title("reward axes per step")
-    axes[1].set_xlabel("step")
-    axes[1].legend(fontsize=7)
-    axes[2].set_title("pool size (verified tools)")
-    axes[2].set_xlabel("step")
-    axes[2].legend(fontsize=7)
+    for ax, title in ((axes[1], "reward axes per step"), (axes[2], "pool size (verified tools)")):
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if ax.lines:  # a run without logged steps leaves the panel empty
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
