@@ -577,8 +577,8 @@ def detection(items, labels, texts, caps, layers, chosen: dict, *, hidden_size: 
     is the default guard's AUROC for the setting (conflict vs aligned) on ``setting_rows``."""
     import torch
 
+    from llmkit.experiments import guard_baselines as B
     from llmkit.serving.guard import Manifold
-    from llmkit.serving.guard import baselines as B
     from llmkit.serving.guard import score as S
 
     part, test, scores = [it["part"] for it in items], chosen["test"], chosen["scores"]

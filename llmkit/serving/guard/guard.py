@@ -207,11 +207,11 @@ class Guard:
         guard.threshold = threshold
         guard.meta.update(threshold=threshold, holdout_fpr=float((held_scores > threshold).double().mean()))
         if held_violations:
-            from llmkit.serving.guard.baselines import auroc
+            from sklearn.metrics import roc_auc_score
 
             bad_scores = guard.score_captures(list(held_violations))
-            guard.meta["holdout_auroc"] = auroc(held_scores.tolist() + bad_scores.tolist(),
-                                                [0] * len(held) + [1] * len(held_violations))
+            guard.meta["holdout_auroc"] = float(roc_auc_score([0] * len(held) + [1] * len(held_violations),
+                                                              held_scores.tolist() + bad_scores.tolist()))
         return guard
 
     # ---- persistence ------------------------------------------------------------------------

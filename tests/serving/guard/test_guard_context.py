@@ -106,7 +106,7 @@ def test_injected_instruction_answer_scores_above_a_compliant_answer_to_the_same
     test = tutor.items(30, 2)
     ok = energy_guard.score(tiny_model, tiny_tokenizer, [tutor.conv(x["prompt"], x["compliant"]) for x in test])
     bad = energy_guard.score(tiny_model, tiny_tokenizer, [tutor.conv(x["prompt"], x["violating"]) for x in test])
-    from llmkit.serving.guard.baselines import auroc
+    from llmkit.experiments.stats import auroc
 
     assert energy_guard.meta["holdout_fpr"] <= 0.1 + 1e-9
     assert auroc(ok + bad, [0] * 30 + [1] * 30) > 0.95

@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
+from llmkit.experiments.stats import auroc
 from llmkit.serving.guard import Guard, Manifold
-from llmkit.serving.guard import baselines as B
 from llmkit.serving.guard import score as S
 
 
@@ -91,7 +91,7 @@ def test_guard_with_entropic_score_separates_and_round_trips(tiny_model, tiny_to
     assert g.score_kind == "entropic" and g.meta["score"] == "entropic"
     ok = g.score(tiny_model, tiny_tokenizer, french(20, 5))
     bad = g.score(tiny_model, tiny_tokenizer, scattered(20))
-    assert B.auroc(ok + bad, [0] * 20 + [1] * 20) > 0.9
+    assert auroc(ok + bad, [0] * 20 + [1] * 20) > 0.9
     energy = Guard.fit(tiny_model, tiny_tokenizer, french(30, 0), model_name="tiny", layers=[1, 2], n_components=8)
     assert energy.score(tiny_model, tiny_tokenizer, scattered(3)) != pytest.approx(
         g.score(tiny_model, tiny_tokenizer, scattered(3)))

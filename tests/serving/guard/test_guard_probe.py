@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from llmkit.experiments.stats import auroc
 from llmkit.serving.guard import Guard
-from llmkit.serving.guard.baselines import auroc
 from llmkit.serving.guard.probe import LinearProbe
 
 

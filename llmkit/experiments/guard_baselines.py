@@ -1,4 +1,4 @@
-"""Baselines the AEO guard is compared against, and the detection metrics.
+"""Baselines the AEO guard is compared against in ``bench/guard.py``, and FPR at a TPR.
 
 - Output perplexity / entropy: mean negative log-likelihood (and mean predictive
   entropy) of the response tokens under the model itself; the idea being that a
@@ -79,15 +79,6 @@ class Probe:
 
     def scores(self, caps: list[Capture]) -> list[float]:
         return self.model.decision(pooled(caps, self.layers)).tolist()
-
-
-def auroc(scores: list[float], labels: list[int]) -> float:
-    """``sklearn.metrics.roc_auc_score`` (ties count half; positives = label 1 = violation); NaN without both."""
-    from sklearn.metrics import roc_auc_score
-
-    if len({int(bool(y)) for y in labels}) < 2:
-        return float("nan")
-    return float(roc_auc_score([int(bool(y)) for y in labels], [float(x) for x in scores]))
 
 
 def fpr_at_tpr(scores: list[float], labels: list[int], tpr: float = 0.95) -> float:
