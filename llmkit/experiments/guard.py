@@ -77,14 +77,14 @@ def realized_fpr(scores, threshold: float) -> float:
 
 
 def dispersion_by_layer(centroids: dict[int, np.ndarray], labels, groups=None, **compare_kw) -> dict[int, dict]:
-    """Per layer, :func:`~llmkit.serving.guard.dispersion.compare` of label-1 vs label-0 rows.
+    """Per layer, :func:`~llmkit.experiments.guard_dispersion.compare` of label-1 vs label-0 rows.
 
     ``centroids``: layer -> (n, d) array (one row per response); ``labels``: 0 compliant,
     1 violating, ``None`` left out; ``groups`` (optional, one key per row): each group's mean
     over its labelled rows is subtracted first, so that a difference in task mix between
     compliant and violating answers is not read as a difference in spread.
     """
-    from llmkit.serving.guard.dispersion import compare
+    from llmkit.experiments.guard_dispersion import compare
 
     keep = [i for i, y in enumerate(labels) if y is not None]
     y = np.asarray([labels[i] for i in keep], dtype=int)

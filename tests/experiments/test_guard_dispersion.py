@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from llmkit.serving.guard import dispersion as D
+from llmkit.experiments import guard_dispersion as D
 
 
 def test_gaussian_entropy_matches_closed_form():
