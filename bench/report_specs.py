@@ -73,11 +73,11 @@ SPECS: dict[str, Spec] = {
                       f"); test AUROC {d['figures']['auroc_aeo']:.3f} (probe {d['figures']['auroc_probe']:.3f}); "
                       f"re-prompt {sgn(d['iheval_arm_intervals']['guard_correct_minus_no_guard']['value'])}")),
     "guard_quick": Spec(command="python bench/guard.py --quick", **GUARD),
-    "halo": Spec(command="python bench/halo.py", **HALO, headline=lambda d, _: (
+    "halo": Spec(command="python bench/halo.py --sweep_sizes smallest", **HALO, headline=lambda d, _: (
         f"n=32 final val loss HALO {d['figures']['final_val_loss_halo']:.3f}, full "
         f"{d['figures']['final_val_loss_full']:.3f}, step-wise {d['figures']['final_val_loss_stepwise']:.3f} "
         "(control: see page)")),
-    "halo_quick": Spec(command="python bench/halo.py --quick", **HALO),
+    "halo_quick": Spec(command="python bench/halo.py --quick --sweep_sizes smallest", **HALO),
     "halo_full_lr3e-5_n32": Spec(title="HALO control: full finetuning at HALO's rate, n=32", about="Full finetuning "
                                  "at 3e-5 on the n=32 split of halo.json, 3 seeds.", command="python bench/halo.py "
                                  "--name halo_full_lr3e-5_n32 --methods full --lrs 3e-5 --sizes 32"),

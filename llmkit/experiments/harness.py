@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import math
 import os
 import signal
 import socket
@@ -31,16 +32,24 @@ def free_port() -> int:
 
 
 class ServeProcess:
-    """``with ServeProcess(["--engine", "vllm", "--model", m]) as srv: srv.url ...``"""
+    """``with ServeProcess(["--engine", "vllm", "--model", m]) as srv: srv.url ...``
+
+    ``command(port) -> argv`` runs another OpenAI server (vLLM's own, say) under the same life cycle."""
 
     def __init__(self, args: list[str], timeout: float = 600.0, env: dict | None = None,
-                 cwd: str | Path | None = None, log_level: str = "warning"):
+                 cwd: str | Path | None = None, log_level: str = "warning",
+                 command: Callable[[int], list[str]] | None = None):
         self.args, self.timeout, self.cwd, self.log_level = list(args), timeout, cwd, log_level
+        self.command = command
         self.env = dict(os.environ, **(env or {}))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = None
         self.log = None
+
+    @property
+    def name(self) -> str:
+        return "the server" if self.command else "llmkit serve"
 
     def log_tail(self, n: int = 6) -> str:
         if self.log is None:
@@ -54,14 +63,15 @@ class ServeProcess:
         import httpx
 
         self.log = tempfile.NamedTemporaryFile("w+", prefix="llmkit-serve-", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "llmkit.cli", "serve", "--port", str(self.port), "--log-level",
-               self.log_level, *self.args]
+        cmd = self.command(self.port) if self.command else [
+            sys.executable, "-m", "llmkit.cli", "serve", "--port", str(self.port), "--log-level", self.log_level,
+            *self.args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
                                      start_new_session=True)
         deadline = time.monotonic() + self.timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llmkit serve exited with code {self.proc.returncode}: {self.log_tail()}")
+                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}: {self.log_tail()}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return self
@@ -69,7 +79,7 @@ class ServeProcess:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"llmkit serve was not healthy after {self.timeout:g} s: {self.log_tail()}")
+                raise RuntimeError(f"{self.name} was not healthy after {self.timeout:g} s: {self.log_tail()}")
             time.sleep(0.5)
 
     def stop(self) -> None:
@@ -264,7 +274,7 @@ def lr_sweep(score: Callable[[float], float], lrs: Iterable[float]) -> dict:
     if not lrs:
         raise ValueError("lr_sweep needs at least one learning rate")
     scores = {lr: float(score(lr)) for lr in lrs}
-    finite = {lr: s for lr, s in scores.items() if s == s and abs(s) != float("inf")}
+    finite = {lr: s for lr, s in scores.items() if math.isfinite(s)}
     if not finite:
         raise ValueError(f"every learning rate diverged: {scores}")
     best = min(finite, key=finite.get)

@@ -47,36 +47,14 @@ def llmkit_server(engine: str, extra: list[str], cwd: str | Path | None = None, 
     return ServeProcess(["--model", model, "--engine", engine, "--max-concurrency", "256", *extra], cwd=cwd)
 
 
-class CommandServer(ServeProcess):
+def command_server(command, timeout: float = 600.0, env: dict | None = None,
+                   cwd: str | Path | None = None) -> ServeProcess:
     """Another OpenAI server (vLLM's own) under ``ServeProcess``'s life cycle: ``command(port)`` is its argv."""
-
-    def __init__(self, command, timeout: float = 600.0, env: dict | None = None, cwd: str | Path | None = None):
-        super().__init__([], timeout=timeout, env=env, cwd=cwd)
-        self.command = command
-
-    def __enter__(self) -> CommandServer:  # noqa: PYI034 - not subclassed
-        import httpx
-
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="serve-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(self.command(self.port), stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=self.env, cwd=self.cwd, start_new_session=True)
-        deadline = time.monotonic() + self.timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with code {self.proc.returncode}: {self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"server was not healthy after {self.timeout:g} s: {self.log_tail()}")
-            time.sleep(0.5)
+    return ServeProcess([], timeout=timeout, env=env, cwd=cwd, command=command)
 
 
-def vllm_own_server(model_path: str, cwd: str | Path | None = None, model: str = MODEL) -> CommandServer:
-    return CommandServer(lambda port: [
+def vllm_own_server(model_path: str, cwd: str | Path | None = None, model: str = MODEL) -> ServeProcess:
+    return command_server(lambda port: [
         *VLLM_SERVE, "--model", model_path, "--port", str(port), "--host", "127.0.0.1", "--served-model-name", model,
         "--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager", "--seed", "0",
         "--uvicorn-log-level", "warning"],

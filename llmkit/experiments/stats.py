@@ -4,6 +4,7 @@ intervals over seeds, paired differences, proportions, AUROC and bootstrap inter
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -20,10 +21,10 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> dict:
     if not xs:
         raise ValueError("mean_ci needs at least one value")
     n = len(xs)
-    m = math.fsum(xs) / n
+    m = statistics.fmean(xs)
     if n == 1:
         return {"mean": m, "lo": m, "hi": m, "std": 0.0, "n": 1}
-    sd = math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (n - 1))
+    sd = statistics.stdev(xs)  # exact arithmetic: equal values give 0, not a rounding residue
     half = stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
     return {"mean": m, "lo": m - half, "hi": m + half, "std": sd, "n": n}
 

@@ -85,14 +85,14 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 def test_command_server_waits_for_health_and_stops():
     import httpx
 
-    with S.CommandServer(lambda port: [sys.executable, "-c", HEALTH_SERVER, str(port)], timeout=60) as srv:
+    with S.command_server(lambda port: [sys.executable, "-c", HEALTH_SERVER, str(port)], timeout=60) as srv:
         assert httpx.get(srv.url + "/health").status_code == 200
         proc = srv.proc
     assert proc.poll() is not None
 
 
 def test_command_server_that_dies_names_its_log():
-    dies = S.CommandServer(lambda port: [sys.executable, "-c", "print('boom'); raise SystemExit(3)"], timeout=60)
+    dies = S.command_server(lambda port: [sys.executable, "-c", "print('boom'); raise SystemExit(3)"], timeout=60)
     with pytest.raises(RuntimeError, match="exited with code 3.*boom"), dies:
         pass
 

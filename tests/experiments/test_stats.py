@@ -8,8 +8,8 @@ from llmkit.experiments import stats
 
 def test_mean_ci_matches_t_interval_and_covers():
     rng = np.random.default_rng(0)
-    covered = sum(
-        (lambda ci: ci["lo"] <= 1.0 <= ci["hi"])(stats.mean_ci(rng.normal(1.0, 2.0, 8))) for _ in range(400))
+    cis = [stats.mean_ci(rng.normal(1.0, 2.0, 8)) for _ in range(400)]
+    covered = sum(ci["lo"] <= 1.0 <= ci["hi"] for ci in cis)
     assert 0.92 <= covered / 400 <= 0.98  # a 95 % interval covers about 95 % of the time
     one = stats.mean_ci([3.0])
     assert one["lo"] == one["hi"] == 3.0 and one["n"] == 1
@@ -48,3 +48,8 @@ def test_bootstrap_ci_paired_difference():
     a = np.arange(40, dtype=float)
     out = stats.bootstrap_ci(40, lambda i: a[i].mean(), baseline=lambda i: (a[i] - 2).mean(), n_resamples=200)
     assert out["value"] == pytest.approx(2.0) and out["low"] == pytest.approx(2.0) and out["high"] == pytest.approx(2.0)
+
+
+def test_mean_ci_of_equal_values_has_no_width():
+    ci = stats.mean_ci([0.1 + 0.2] * 7)
+    assert ci["std"] == 0.0 and ci["lo"] == ci["hi"] == ci["mean"]
