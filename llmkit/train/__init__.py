@@ -3,7 +3,9 @@
 Each method exposes ``llmkit.train.<method>.recipe`` with ``CONFIG_CLASSES``
 (a tuple of dataclasses, TRL config subclasses where a TRL trainer is
 wrapped) and ``main(*configs)``. ``llmkit train <method>`` parses YAML plus
-``--key value`` overrides into those dataclasses with TRL's ``TrlParser``.
+``--key value`` overrides into those dataclasses with TRL's ``TrlParser``;
+``skeleton.py`` is the frame every recipe shares (parsing, resuming from the
+last checkpoint, resolved config, plots, results JSON).
 """
 
 # method name -> module exposing CONFIG_CLASSES and main()

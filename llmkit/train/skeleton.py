@@ -9,8 +9,9 @@ A recipe (``llmkit/train/<method>/recipe.py``) is its method between these steps
   (``resolve_resume``) and, on the main process, writes the resolved config (``resolved_config.yaml``, which
   ``--config`` accepts back, and the same values as ``resolved_config.json``).
 * ``run.callbacks()`` logs every Trainer record to ``metrics.jsonl``; ``run.train(trainer)`` trains from the
-  resume point and times it; ``run.write_results(name, dict)`` writes the results JSON;
-  ``run.plot_loss`` / ``run.plot_rewards`` draw the curves from ``metrics.jsonl``.
+  resume point (a checkpoint that already reached ``max_steps`` is loaded, not trained further) and times it;
+  ``run.write_results(name, dict)`` writes the results JSON; ``run.plot_loss`` / ``run.plot_rewards`` draw the
+  curves from ``metrics.jsonl``.
 
 Resuming: rerunning the same command with the same ``output_dir`` continues from its last ``checkpoint-*``
 (TRL's scripts make the user pass ``--resume_from_checkpoint``; a rerun that silently starts over and overwrites
@@ -155,9 +156,34 @@ class RecipeRun:
     def train(self, trainer):
         """``trainer.train`` from the resume point; the seconds it took are in ``train_seconds``."""
         start = time.perf_counter()
-        result = trainer.train(resume_from_checkpoint=self.resume)
+        result = self._load_finished(trainer)
+        if result is None:
+            result = trainer.train(resume_from_checkpoint=self.resume)
         self.train_seconds = time.perf_counter() - start
         return result
+
+    def _load_finished(self, trainer):
+        """A resume checkpoint that already reached ``max_steps``: its weights and state loaded, no step taken.
+
+        The Trainer checks the step budget only after a step, so resuming a finished run would train one step past
+        it whenever the checkpoint falls inside an epoch. None when there is something left to train (or under
+        DeepSpeed/FSDP, which load checkpoints inside the training loop)."""
+        from transformers.trainer_callback import TrainerState
+        from transformers.trainer_utils import TrainOutput
+
+        max_steps = trainer.args.max_steps
+        state_file = Path(self.resume or "") / "trainer_state.json"
+        if not self.resume or max_steps <= 0 or not state_file.is_file() or trainer.is_deepspeed_enabled \
+                or trainer.is_fsdp_enabled:
+            return None
+        state = TrainerState.load_from_json(str(state_file))
+        if state.global_step < max_steps:
+            return None
+        trainer._load_from_checkpoint(self.resume)
+        trainer.state = state
+        self.log(f"{self.resume} already reached max_steps {max_steps}: nothing left to train")
+        losses = [r["loss"] for r in state.log_history if isinstance(r.get("loss"), (int, float))]
+        return TrainOutput(state.global_step, sum(losses) / len(losses) if losses else float("nan"), {})
 
     def write_results(self, filename: str, results: dict) -> Path:
         path = self.out / filename

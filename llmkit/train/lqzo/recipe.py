@@ -131,6 +131,8 @@ def main(zo_args: LQZOArguments, training_args: LQZOConfig, model_args: ModelCon
     if is_main:
         after = measure(trainer.model, tok, eval_rows, acc_rows, max_len, bs)
         mem = held_bytes(trainer.model)
+        # no optimizer when the checkpoint had already reached max_steps (nothing was trained in this run)
+        optimizer_state = trainer.optimizer.state.values() if trainer.optimizer is not None else ()
         summary = {
             "zo": settings,
             "model": model_path,
@@ -148,7 +150,7 @@ def main(zo_args: LQZOArguments, training_args: LQZOConfig, model_args: ModelCon
             "trainable_elements": trainer.zo.num_elements(),
             "held_bytes": mem,
             "zo_copy_bytes": trainer.zo.backup_bytes(),
-            "optimizer_state_bytes": sum(t.numel() * t.element_size() for st in trainer.optimizer.state.values()
+            "optimizer_state_bytes": sum(t.numel() * t.element_size() for st in optimizer_state
                                          for t in st.values() if hasattr(t, "numel")),
             "train_wall_s": run.train_seconds,
             "saved": {"hf_checkpoint": str(out.resolve()),
