@@ -49,6 +49,9 @@ class HFEngine(Engine):
             self.model_name = getattr(model.config, "_name_or_path", "") or "in-memory"
         self.batch_size = batch_size
         self.cache_factory = cache_factory
+        from llmkit.engines.hf_batcher import use_gqa_sdpa
+
+        use_gqa_sdpa(self.model)
 
     def generate(self, prompts, params: GenerationParams, n: int = 1, progress: bool = False):
         if _uses_vllm_extras(params):

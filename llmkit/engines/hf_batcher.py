@@ -70,6 +70,46 @@ def _last_logits_only(model) -> dict:
         return {}
 
 
+GQA_SDPA = "llmkit_sdpa_gqa"
+
+
+def _sdpa_gqa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """transformers' SDPA attention, except that on CPU grouped key/value heads are read in place.
+
+    With a mask (left padding), transformers repeats every key/value head for its query heads
+    before SDPA (a copy of the whole cache per layer and step: a tenth of a decode step at batch 8
+    on the bundled model, and triple the attention's time). PyTorch's CPU kernel takes the mask
+    with ``enable_gqa`` and gives bitwise the same output (tested), so on CPU it gets the heads
+    as they are; elsewhere (CUDA falls back to its math kernel for GQA with a mask) and for
+    anything unusual (position bias, a paged cache, attention weights) transformers' own path runs.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if (query.device.type != "cpu" or attention_mask is None or key.shape[1] == query.shape[1]
+            or query.shape[1] % key.shape[1] or key.shape[-1] != value.shape[-1]
+            or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None
+            or kwargs.get("output_attentions")):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_gqa_sdpa(model) -> None:
+    """Point a model that runs transformers' ``sdpa`` at ``_sdpa_gqa`` (same masks, same outputs)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
+        return
+    if GQA_SDPA not in ALL_ATTENTION_FUNCTIONS:
+        ALL_ATTENTION_FUNCTIONS.register(GQA_SDPA, _sdpa_gqa)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(GQA_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    config._attn_implementation = GQA_SDPA
+
+
 def _growing_layer_class():
     from transformers.cache_utils import DynamicLayer
 

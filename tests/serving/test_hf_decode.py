@@ -1,7 +1,8 @@
 """The transformers engine's decode step: its cache (``hf_batcher.new_cache``) gives the same logits as
 transformers' ``DynamicCache``, also after rows are dropped and leading columns cut, and a decode step
-writes in place instead of copying the whole cache; rows sampled at temperature alone are drawn together
-from the right distribution."""
+writes in place instead of copying the whole cache; on CPU attention reads grouped key/value heads without
+repeating them, with bitwise the same logits; rows sampled at temperature alone are drawn together from the
+right distribution."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from llmkit.engines.hf import HFEngine
-from llmkit.engines.hf_batcher import HFBatcher, _Row, _trim_left, new_cache
+from llmkit.engines.hf_batcher import GQA_SDPA, HFBatcher, _Row, _trim_left, new_cache
 from llmkit.engines.stream import StreamRequest
 from llmkit.generation import GenerationParams
 from llmkit.testing import tiny_llama, tiny_tokenizer
@@ -50,6 +51,26 @@ def test_growing_cache_matches_dynamic_cache_and_writes_in_place():
     assert len(set(ptrs[6:])) == 1
     _, dyn_ptrs = _decode(model, DynamicCache(config=model.config), 4)
     assert len(set(dyn_ptrs)) > 1
+
+
+def test_engine_attention_reads_grouped_heads_in_place_with_identical_logits(monkeypatch):
+    import transformers.integrations.sdpa_attention as sdpa
+
+    model = tiny_llama()
+    assert model.config.num_key_value_heads < model.config.num_attention_heads
+    assert model.config._attn_implementation == "sdpa"
+    HFEngine(model, tiny_tokenizer())
+    assert model.config._attn_implementation == GQA_SDPA
+    repeats = []
+    real_repeat = sdpa.repeat_kv
+    monkeypatch.setattr(sdpa, "repeat_kv", lambda x, n: repeats.append(n) or real_repeat(x, n))
+    got, _ = _decode(model, new_cache(model), 6, drop_at=3)
+    assert not repeats
+    model.config._attn_implementation = "sdpa"
+    ref, _ = _decode(model, new_cache(model), 6, drop_at=3)
+    assert repeats  # transformers' own path copies the heads (with a mask, as here)
+    for a, b in zip(ref, got):
+        assert torch.equal(a, b)
 
 
 def test_rows_sampled_together_follow_their_temperature():
