@@ -30,7 +30,6 @@ from the parts.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -42,11 +41,9 @@ RESULTS = REPO / "bench" / "results"
 
 def parse_args():
     from llmkit.experiments.halo import FULL, QUICK, SCHEDULES
+    from llmkit.experiments.harness import preset_parser
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="short runs at sizes 8/64 (see the docstring)")
-    for k, v in FULL.items():
-        p.add_argument(f"--{k}", type=type(v), help=f"override the preset (full: {v}, quick: {QUICK[k]})")
+    p = preset_parser(__doc__, FULL, QUICK, "short runs at sizes 8/64 (see the docstring)")
     p.add_argument("--target_frac", type=float, default=0.8,
                    help="target = initial val loss - frac * (full finetuning's mean improvement)")
     p.add_argument("--homotopy_fraction", type=float, default=0.5, help="HALO: share of the budget for t: 0->1")

@@ -35,7 +35,6 @@ held-out losses per method).
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -45,13 +44,11 @@ RESULTS = REPO / "bench" / "results"
 
 
 def parse_args():
+    from llmkit.experiments.harness import preset_parser
     from llmkit.experiments.hgms import FULL, METHODS, QUICK
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smoke run (preset QUICK)")
-    for k, v in FULL.items():
-        p.add_argument(f"--{k}", type=type(v), help=f"override the preset (full: {v}, quick: {QUICK[k]})",
-                       **({"choices": ["random_words", "shuffled"]} if k == "corruption" else {}))
+    p = preset_parser(__doc__, FULL, QUICK, "smoke run (preset QUICK)",
+                      choices={"corruption": ["random_words", "shuffled"]})
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     p.add_argument("--work", default=str(REPO / "outputs" / "hgms-bench"), help="scratch folder (data, models)")
@@ -62,11 +59,11 @@ def main() -> None:
     import torch
 
     from llmkit.experiments import hgms as H
+    from llmkit.experiments.harness import resolve_preset
 
     args = parse_args()
     torch.set_num_threads(args.threads)
-    cfg = dict(H.QUICK if args.quick else H.FULL)
-    cfg.update({k: getattr(args, k) for k in H.FULL if getattr(args, k) is not None})
+    cfg = resolve_preset(H.FULL, H.QUICK, args.quick, args)
     work = Path(args.work) / ("quick" if args.quick else "full")
     files, heldout = H.build_data(cfg, DATA, work)
     runs = H.run_all(cfg, args.methods, files, work, heldout, gsm8k_test=DATA / "gsm8k" / "test.jsonl")

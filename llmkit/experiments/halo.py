@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from llmkit.experiments.harness import ResultStore, lr_sweep
+from llmkit.experiments.harness import ResultStore, lr_sweep, resolve_preset
 from llmkit.train.halo.schedule import METHODS
 
 MODEL = "smollm2-135m-instruct"
@@ -322,12 +322,7 @@ def plot_summary(runs: Sequence[dict], summary: dict, path: str | Path, title: s
 
 def resolve_config(quick: bool, overrides: dict) -> dict:
     """The preset (``QUICK`` or ``FULL``) with every override that is not None."""
-    cfg = dict(QUICK if quick else FULL)
-    unknown = set(overrides) - set(cfg)
-    if unknown:
-        raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {', '.join(cfg)}")
-    cfg.update({k: v for k, v in overrides.items() if v is not None})
-    return cfg
+    return resolve_preset(FULL, QUICK, quick, overrides)
 
 
 def run_settings(cfg: dict, homotopy_fraction: float = 0.5, ramp_width: float = 0.25, lisa_layers: int = 2) -> dict:

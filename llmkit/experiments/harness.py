@@ -279,3 +279,31 @@ def lr_sweep(score: Callable[[float], float], lrs: Iterable[float]) -> dict:
         raise ValueError(f"every learning rate diverged: {scores}")
     best = min(finite, key=finite.get)
     return {"best_lr": best, "scores": scores, "at_edge": len(lrs) > 1 and best in (lrs[0], lrs[-1])}
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+def preset_parser(description: str, full: dict, quick: dict, quick_help: str, choices: dict | None = None):
+    """A bench's parser: ``--quick`` (the quick preset) and a ``--<key>`` flag per preset setting, typed by the
+    full preset's value, default None (= the preset's)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    for k, v in full.items():
+        parser.add_argument(f"--{k}", type=type(v), help=f"override the preset (full: {v}, quick: {quick[k]})",
+                            **({"choices": choices[k]} if choices and k in choices else {}))
+    return parser
+
+
+def resolve_preset(full: dict, quick: dict, use_quick: bool, overrides) -> dict:
+    """The preset with every override that is not None; ``overrides`` is a dict or an argparse namespace."""
+    if not isinstance(overrides, dict):
+        overrides = {k: getattr(overrides, k, None) for k in full}
+    cfg = dict(quick if use_quick else full)
+    unknown = set(overrides) - set(cfg)
+    if unknown:
+        raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {', '.join(cfg)}")
+    cfg.update({k: v for k, v in overrides.items() if v is not None})
+    return cfg
