@@ -17,20 +17,12 @@ forgetting = completion loss on ``forget_data`` after minus before).
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from trl import ModelConfig
 
 from llmkit.train.halo.config import HaloArguments, HaloConfig
 
 CONFIG_CLASSES = (HaloArguments, HaloConfig, ModelConfig)
-
-
-def prepare_model_path(name: str | None, output_dir: Path, seed: int = 0, is_main: bool = True) -> str:
-    """A path or hub id that ``from_pretrained`` can load for ``name`` (``tiny-llama`` is written to output_dir)."""
-    from llmkit.models import prepare_model_path as _prepare
-
-    return _prepare(name, output_dir, seed=seed, is_main=is_main)
 
 
 def _load_data(halo_args: HaloArguments, fmt: str):
@@ -54,7 +46,7 @@ def main(halo_args: HaloArguments, training_args: HaloConfig, model_args: ModelC
     from trl import get_peft_config
 
     from llmkit.cli import UserError
-    from llmkit.models import load_for_training
+    from llmkit.models import load_for_training, prepare_model_path
     from llmkit.train.common import DataError, completion_loss, wait_for_everyone
     from llmkit.train.halo.trainer import trainer_class
     from llmkit.train.skeleton import RecipeRun

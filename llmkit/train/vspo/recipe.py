@@ -39,12 +39,6 @@ CONFIG_CLASSES = (VSPOConfig, ModelConfig)
 CURVE_KEYS = ("reward", "vspo/reward_steered", "vspo/reward_unsteered", "vspo/alpha_max")
 
 
-def prepare_model_path(name: str | None, output_dir: Path, seed: int = 0, is_main: bool = True) -> str:
-    from llmkit.models import prepare_model_path as _prepare
-
-    return _prepare(name, output_dir, seed=seed, is_main=is_main)
-
-
 def behavior_kwargs(cfg: VSPOConfig) -> dict:
     if cfg.behavior == "verbosity":
         return {"min_words": cfg.verbosity_min_words, "max_words": cfg.verbosity_max_words}
@@ -157,7 +151,7 @@ def main(cfg: VSPOConfig, model_args: ModelConfig | None = None) -> int:
     from datasets import Dataset
     from trl import get_peft_config
 
-    from llmkit.models import load_for_training
+    from llmkit.models import load_for_training, prepare_model_path
     from llmkit.train.common import wait_for_everyone
     from llmkit.train.skeleton import RecipeRun
     from llmkit.train.vspo.data import build_rows, load_records
