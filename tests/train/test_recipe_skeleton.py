@@ -148,3 +148,23 @@ def test_plot_reward_curves_draws_the_keys_and_every_per_reward_mean(tmp_path):
     assert plot_reward_curves(tmp_path / "missing.jsonl", tmp_path / "x.png", "t") is None
     metrics.write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
     assert plot_reward_curves(metrics, tmp_path / "y.png", "t") is None
+
+
+def test_halo_and_hgms_trainers_are_module_level_classes_that_can_be_subclassed():
+    from trl import SFTTrainer
+    from trl.experimental.gkd import GKDTrainer
+
+    from llmkit.train.halo import trainer as halo
+    from llmkit.train.hgms import trainer as hgms
+
+    class MyHgms(hgms.HgmsSFTTrainer):
+        pass
+
+    class MyHalo(halo.HaloSFTTrainer):
+        pass
+
+    assert issubclass(MyHgms, SFTTrainer) and MyHgms.update_weights is hgms.HgmsSFTTrainer.update_weights
+    assert issubclass(MyHalo, halo.HaloTrainerMixin) and issubclass(halo.HaloGKDTrainer, GKDTrainer)
+    assert halo.trainer_class(distill=False) is halo.HaloSFTTrainer  # the older factories still answer
+    assert halo.trainer_class(distill=True) is halo.HaloGKDTrainer and hgms.trainer_class() is hgms.HgmsSFTTrainer
+    assert hgms.HgmsSFTTrainer.__qualname__ == "HgmsSFTTrainer"  # defined at module level, not in a factory
