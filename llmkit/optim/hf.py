@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ._closure import evaluate_closure
+
 __all__ = [
     "LLMKIT_OPTIMIZERS",
     "HybridOptimizer",
@@ -274,10 +276,7 @@ class HybridOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         for o in self.optimizers:
             o.step()
         return loss

@@ -47,6 +47,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from ._closure import evaluate_closure
+
 __all__ = ["MANIFOLDS", "NORMS", "IMuon", "imuon_lora_param_groups", "lmo"]
 
 MANIFOLDS = ("stiefel", "grassmann", "spd", "fixed_rank", "euclidean")
@@ -182,10 +184,7 @@ class IMuon(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         for group in self.param_groups:
             man, norm, mu = group["manifold"], group["norm"], group["momentum"]
             if man == "fixed_rank":

@@ -32,6 +32,8 @@ import math
 import torch
 from torch.optim import Optimizer
 
+from ._closure import evaluate_closure
+
 __all__ = ["MIRRORS", "MirrorDescent"]
 
 MIRRORS = ("euclidean", "entropy", "p_norm")
@@ -67,10 +69,7 @@ class MirrorDescent(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         for group in self.param_groups:
             lr, mirror = group["lr"], group["mirror"]
             for x in group["params"]:

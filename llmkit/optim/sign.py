@@ -29,6 +29,8 @@ import torch
 from lion_pytorch import Lion as _LionPytorch
 from torch.optim import Optimizer
 
+from ._closure import evaluate_closure
+
 __all__ = ["Lion", "SignSGD", "tail_index"]
 
 
@@ -46,10 +48,7 @@ class SignSGD(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         for group in self.param_groups:
             lr, beta, wd = group["lr"], group["momentum"], group["weight_decay"]
             for p in group["params"]:
