@@ -2,7 +2,7 @@
 transformers' ``DynamicCache``, also after rows are dropped and leading columns cut, and a decode step
 writes in place instead of copying the whole cache; on CPU attention reads grouped key/value heads without
 repeating them, with bitwise the same logits; rows sampled at temperature alone are drawn together from the
-right distribution."""
+right distribution, and top_k / min_p / top_p truncate all rows at once exactly as one row at a time."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from llmkit.engines.hf import HFEngine
-from llmkit.engines.hf_batcher import GQA_SDPA, HFBatcher, _Row, _trim_left, new_cache
+from llmkit.engines.hf_batcher import GQA_SDPA, HFBatcher, _Row, _trim_left, _truncate, new_cache
 from llmkit.engines.stream import StreamRequest
 from llmkit.generation import GenerationParams
 from llmkit.testing import tiny_llama, tiny_tokenizer
@@ -87,3 +87,36 @@ def test_rows_sampled_together_follow_their_temperature():
     for i, t in ((0, 1.0), (2, 0.5)):
         freq = torch.bincount(draws[:, i], minlength=4).float() / len(draws)
         torch.testing.assert_close(freq, (logits[i] / t).softmax(-1), atol=0.03, rtol=0)
+
+
+def _truncate_one(scores, temperature, top_k, min_p, top_p):
+    """The per-row rule (sorting the whole vocabulary for top_p)."""
+    scores = scores / temperature
+    if 0 < top_k < scores.shape[0]:
+        scores = scores.masked_fill(scores < scores.topk(top_k).values[-1], float("-inf"))
+    if min_p > 0.0:
+        probs = scores.softmax(-1)
+        scores = scores.masked_fill(probs < min_p * probs.max(), float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = scores.sort(descending=True)
+        probs = sorted_scores.softmax(-1)
+        sorted_scores[(probs.cumsum(-1) - probs) > top_p] = float("-inf")
+        scores = torch.full_like(scores, float("-inf")).scatter(0, order, sorted_scores)
+    return scores
+
+
+def test_batched_truncation_matches_the_per_row_rule():
+    torch.manual_seed(0)
+    vocab = 1000
+    logits = torch.randn(7, vocab) * 3
+    logits[5] = torch.randn(vocab) * 0.01  # nearly flat: the best 256 tokens hold too little mass, full sort
+    rows = [(1.0, 0, 0.0, 1.0), (0.7, 50, 0.0, 1.0), (1.3, 0, 0.1, 1.0), (0.8, 0, 0.0, 0.9),
+            (1.0, 40, 0.05, 0.5), (1.0, 0, 0.0, 0.99), (0.5, vocab, 0.0, 0.95)]
+    got = _truncate(logits.clone(), *map(list, zip(*rows)))
+    for i, params in enumerate(rows):
+        want = _truncate_one(logits[i], *params)
+        assert torch.equal(torch.isinf(got[i]), torch.isinf(want)), params
+        kept = ~torch.isinf(want)
+        torch.testing.assert_close(got[i][kept], want[kept])
+        assert 0 < kept.sum() < vocab or params[1:] in ((0, 0.0, 1.0), (vocab, 0.0, 0.95))
+    assert (~torch.isinf(got[5])).sum() > 256  # the fallback row kept more than the prefix holds
