@@ -168,3 +168,18 @@ def test_halo_and_hgms_trainers_are_module_level_classes_that_can_be_subclassed(
     assert halo.trainer_class(distill=False) is halo.HaloSFTTrainer  # the older factories still answer
     assert halo.trainer_class(distill=True) is halo.HaloGKDTrainer and hgms.trainer_class() is hgms.HgmsSFTTrainer
     assert hgms.HgmsSFTTrainer.__qualname__ == "HgmsSFTTrainer"  # defined at module level, not in a factory
+
+
+def test_hgms_doremi_rerun_reuses_the_reference_it_trained(repo_root, tmp_path, gsm8k_slice, monkeypatch, capsys,
+                                                           one_torch_thread):
+    monkeypatch.chdir(repo_root)
+    out = tmp_path / "run"
+    argv = _argv("hgms", repo_root, gsm8k_slice, out) + ["--weighting", "doremi", "--doremi_reference_steps", "1"]
+    assert _run("hgms", argv + ["--max_steps", "1"]) == 0
+    assert "training the reference model" in capsys.readouterr().out
+    weights = (out / "doremi_reference" / "model.safetensors").read_bytes()
+    assert _run("hgms", argv + ["--max_steps", "2"]) == 0
+    said = capsys.readouterr().out
+    assert "training the reference model" not in said and "reference model saved in" in said
+    assert (out / "doremi_reference" / "model.safetensors").read_bytes() == weights
+    assert json.loads((out / "hgms_results.json").read_text())["global_step"] == 2

@@ -74,15 +74,28 @@ def _train_reference(hgms_args: HgmsArguments, training_args: HgmsConfig, model_
     return ref
 
 
+def _saved_reference(out: Path) -> Path | None:
+    """The reference an earlier invocation of this run trained and saved (a full model or a LoRA adapter)."""
+    folder = out / REFERENCE_DIR
+    full = (folder / "config.json").is_file() and any(
+        (folder / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json"))
+    adapter = (folder / "adapter_config.json").is_file() and (folder / "adapter_model.safetensors").is_file()
+    return folder if full or adapter else None
+
+
 def _reference_model(args: HgmsArguments, training_args: HgmsConfig, model_args: ModelConfig, out: Path,
-                     is_main: bool):
+                     is_main: bool, resume: str | None = None):
     if args.weighting != "doremi":
         return None
-    if args.doremi_reference_model:
+    # a resumed run keeps the reference its first invocation trained (training it again costs its steps again)
+    path = args.doremi_reference_model or (_saved_reference(out) if resume else None)
+    if path:
         from llmkit.models import load_for_training
 
+        if is_main and not args.doremi_reference_model:
+            print(f"[hgms] doremi: resuming with the reference model saved in {path}", flush=True)
         ref_args = copy.deepcopy(model_args)
-        ref_args.model_name_or_path = args.doremi_reference_model
+        ref_args.model_name_or_path = str(path)
         ref_args.use_peft = False
         ref, _ = load_for_training(ref_args, output_dir=out, seed=0, is_main=is_main)
     else:
@@ -92,8 +105,9 @@ def _reference_model(args: HgmsArguments, training_args: HgmsConfig, model_args:
 
 
 def make_trainer(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args: ModelConfig, *, out: Path,
-                 is_main: bool = True, callbacks=()):
-    """Load the model, the sources and the target, and build the trainer (used by the recipe and the bench)."""
+                 is_main: bool = True, callbacks=(), resume: str | None = None):
+    """Load the model, the sources and the target, and build the trainer (used by the recipe and the bench).
+    ``resume``: the checkpoint the run resumes from (then DoReMi reuses the reference saved in ``out``)."""
     from trl import get_peft_config
 
     from llmkit.cli import UserError
@@ -112,7 +126,7 @@ def make_trainer(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args
         train_ds, sizes, target_ds, target_rows, heldout_rows = build_mixture(hgms_args)
     except (DataError, ValueError) as e:
         raise UserError(str(e)) from None
-    reference = _reference_model(hgms_args, training_args, model_args, out, is_main)
+    reference = _reference_model(hgms_args, training_args, model_args, out, is_main, resume)
     model, tok = load_for_training(model_args, output_dir=out, seed=0, is_main=is_main)
     names = [s.name for s in hgms_args.parsed_sources]
     controller = WeightController(names, hgms_args.weighting, initial=hgms_args.initial_weights,
@@ -144,7 +158,8 @@ def main(hgms_args: HgmsArguments, training_args: HgmsConfig, model_args: ModelC
     run.log(f"weighting {hgms_args.weighting} over sources "
             f"{', '.join(s.name for s in hgms_args.parsed_sources)}; outputs in {out.resolve()}")
     trainer, tok, target_rows, heldout_rows = make_trainer(hgms_args, training_args, model_args, out=out,
-                                                           is_main=run.is_main, callbacks=run.callbacks())
+                                                           is_main=run.is_main, callbacks=run.callbacks(),
+                                                           resume=run.resume)
     if run.resume and (Path(run.resume) / STATE_FILE).is_file():  # the weights the checkpoint was trained with
         trainer.hgms.load(json.loads((Path(run.resume) / STATE_FILE).read_text()))
     result = run.train(trainer)
