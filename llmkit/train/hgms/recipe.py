@@ -2,12 +2,14 @@
 
 Outputs in ``output_dir``: ``resolved_config.yaml`` (and ``.json``), ``checkpoint-*/`` (each with
 ``hgms_state.json``: weights, history, counters; rerunning the same command resumes from the last one with
-those weights, ``--resume_from_checkpoint PATH`` picks one), the final model (or LoRA adapter), ``metrics.jsonl`` (losses, ``weight/<source>``, the method's signal), ``loss_curve.png``,
+those weights, ``--resume_from_checkpoint PATH`` picks one), the final model (or LoRA adapter),
+``metrics.jsonl`` (losses, ``weight/<source>``, the method's signal), ``loss_curve.png``,
 ``source_weights.json`` (``{"final": {name: w}, "history": [{"step": s, "weights": {...}}]}``),
 ``source_weights.png`` and ``hgms_results.json`` (losses on the target and held-out sets after
 training, examples per source, extra passes and seconds spent on weighting). With ``weighting: doremi``
 and no ``doremi_reference_model``, ``doremi_reference/`` holds the reference model DoReMi trains first
-on the uniform mixture (its steps are part of DoReMi's cost: ``reference_steps`` in the results).
+on the uniform mixture (its steps are part of DoReMi's cost: ``reference_steps`` in the results); a
+resumed run reuses it.
 """
 
 from __future__ import annotations
