@@ -6,7 +6,8 @@ first token is sampled, and their ``DynamicCache`` rows are merged into the runn
 left-padded with masked zeros to the same length), so they decode with the rows already running from the next
 step on. Rows that finish or whose client leaves are dropped from the batch and from the cache at once, and
 leading cache columns that no remaining row attends to are cut off. The default cache's layers keep spare
-columns (``new_cache``): a decode step writes its column in place instead of copying the whole cache.
+columns (``new_cache``): a decode step writes its column in place, and on CPU attention reads grouped
+key/value heads without repeating them (``use_gqa_sdpa``, set by ``HFEngine``; bitwise the same logits).
 
 The batch runs its own decode loop rather than ``model.generate``: every row keeps its own sampling parameters
 (temperature, top_p, seed through a per-row ``torch.Generator``, max_tokens, stop strings) and text streams
