@@ -120,7 +120,12 @@ def _g_detect(d, _):
 def _g_cross(d, _):
     f, k = d["figures"], d["figures"]["default_score"]
     worst = ", ".join(f"{s} {f['worst_cross_auroc_' + s]:.3f}" for s in ("energy", "entropic", "probe", "combined"))
-    return (f"Fitted on one source and tested on another it never saw ({', '.join(d['cross_source_comparable_pairs'])}), "
+    cut = d["config"].get("compliant_at")
+    label = (f"Labels: an answer is compliant when it earns at least {cut:g} of IHEval's per-answer credit (rule-"
+             "following: mean of IFEval's prompt- and instruction-level strict and loose checks; get-webpage: mean of "
+             "strict and loose ROUGE-L / word F1; pass or fail elsewhere), a violation when a conflict-setting answer "
+             "earns less. " if cut is not None else "")
+    return label + (f"Fitted on one source and tested on another it never saw ({', '.join(d['cross_source_comparable_pairs'])}), "
             f"the worst-case AUROC is {worst}; the default score is {k} (best worst case, "
             f"{f['default_worst_cross_auroc']:.3f}), with a realized FPR of {f['default_realized_fpr_cross']:.3f} on the "
             f"unseen sources' clean answers at the threshold fitted for a {f['target_fpr_cross']:.2f} target.")
