@@ -83,12 +83,15 @@ class InQuantCache(QuantizedKVCache):
     ``gate``: ``"score"`` (per head, attention-score error; the default with a calibration),
     ``"ratio"`` (the first pass's gate: a pair is kept only where the outlier's range exceeds
     ``min_ratio`` x its donor's, one count for all heads; the default without a calibration) or
-    ``"off"`` (every candidate pair kept, the paper's unconditional reuse).
+    ``"off"`` (every candidate pair kept, the paper's unconditional reuse). ``keep_dequantized``
+    (per-token layout only): keep a dequantized copy of the store so decode does not read the whole
+    store back every step, at the memory of an unquantized cache (see ``InQuantTokenLayer``).
     """
 
     def __init__(self, config, group_size: int = 128, n_outliers: int = 4, max_stride: int = 8,
                  n_samples: int = 64, seed: int = 0, backend: str = "auto", min_ratio: float = 15.0,
-                 gate: str | None = None, layout: str = "per-channel", calibration=None):
+                 gate: str | None = None, layout: str = "per-channel", calibration=None,
+                 keep_dequantized: bool = False):
         if isinstance(calibration, (str, Path)):
             calibration = _load_calibration(str(calibration))
         if gate is None:
@@ -98,10 +101,14 @@ class InQuantCache(QuantizedKVCache):
         n_layers = _num_layers(config)
         if calibration is not None and calibration.num_layers != n_layers:
             raise ValueError(f"the InQuant calibration has {calibration.num_layers} layers, the model {n_layers}")
+        if keep_dequantized and layout != "per-token":
+            raise ValueError("keep_dequantized needs layout='per-token' (per-channel groups keep a "
+                             "full-precision window instead)")
+        extra = {"keep_dequantized": True} if keep_dequantized else {}
         cls = InQuantTokenLayer if layout == "per-token" else InQuantLayer
         self.n_outliers, self.layout, self.gate, self.calibration = n_outliers, layout, gate, calibration
         super().__init__(config, lambda i: cls(group_size, n_outliers, max_stride, n_samples, seed, backend,
-                                               min_ratio, gate, calibration, i))
+                                               min_ratio, gate, calibration, i, **extra))
 
     @property
     def rows_mergeable(self) -> bool:

@@ -22,6 +22,7 @@ from llmkit.kernels.kv_quant import (
     quantize_pack,
     quantize_tokens_ref,
     role_maps,
+    unpack_codes,
 )
 from llmkit.serving.kv_cache import baselines as bl
 from llmkit.serving.kv_cache.inquant import (
@@ -60,6 +61,23 @@ class _WindowedQuantLayer(DynamicLayer):
 
     def _dequantize(self, which: str) -> torch.Tensor:
         raise NotImplementedError
+
+    def _dequantize_into(self, which: str, out: torch.Tensor) -> None:
+        """Write the dequantized store into ``out`` (a view of the tensor ``update`` returns)."""
+        out.copy_(self._dequantize(which))
+
+    def _read(self, which: str, new: torch.Tensor) -> torch.Tensor:
+        """The store, the window and ``new`` along the sequence, built in place: the store is
+        dequantized straight into its slice of the result (no second float pass to concatenate)."""
+        window = self.keys if which == "k" else self.values
+        B, H, n, D = new.shape
+        p, w = self.n_packed, window.shape[-2]
+        out = new.new_empty(B, H, p + w + n, D)
+        self._dequantize_into(which, out[:, :, :p])
+        if w:
+            out[:, :, p:p + w] = window
+        out[:, :, p + w:] = new
+        return out
 
     def _meta_nbytes(self) -> int:
         return 0
@@ -100,11 +118,11 @@ class _WindowedQuantLayer(DynamicLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        parts_k, parts_v = [self.keys, key_states], [self.values, value_states]
         if self.n_packed:
-            parts_k.insert(0, self._dequantize("k").to(key_states.dtype))
-            parts_v.insert(0, self._dequantize("v").to(value_states.dtype))
-        keys_out, values_out = torch.cat(parts_k, dim=-2), torch.cat(parts_v, dim=-2)
+            keys_out, values_out = self._read("k", key_states), self._read("v", value_states)
+        else:
+            keys_out = torch.cat([self.keys, key_states], dim=-2)
+            values_out = torch.cat([self.values, value_states], dim=-2)
         self.keys = torch.cat([self.keys, key_states], dim=-2)
         self.values = torch.cat([self.values, value_states], dim=-2)
         self._drain()
@@ -264,36 +282,104 @@ class InQuantTokenLayer(InQuantLayer):
     (one bf16 scale/zero per token and kv-head over its normal channels, outliers 8-bit in place),
     so there is no full-precision window: what an append-only cache wants. ``group_size`` is
     used only to look up calibrated descriptors (the gate measures per-token error regardless).
-    The PyTorch path only (no Triton kernel for this layout yet)."""
+    The PyTorch path only (no Triton kernel for this layout yet).
+
+    Each step reads the whole store back (:func:`_dequant_tokens_into`). ``keep_dequantized=True``
+    instead keeps the dequantized prefix in the model's dtype, growing by the new tokens only
+    (dequantized once, when quantized): attention reads the same values, decode spends about what
+    an unquantized cache does, and the layer holds the packed store *plus* as many bytes as an
+    unquantized cache (``nbytes()["dequantized"]``), so it gives up InQuant's memory saving; for
+    runs where speed matters and memory does not. bench/results/kv_cache.md has the measured costs."""
 
     layout = "per-token"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, keep_dequantized: bool = False, **kwargs):
+        self.keep_dequantized = keep_dequantized
         super().__init__(*args, **kwargs)
         self.group_size = 1  # the window drains at every update
+
+    def _clear(self):
+        super()._clear()
+        self._deq: dict[str, torch.Tensor] = {}
+
+    @property
+    def _joint(self) -> bool:
+        """Keys and values keep as many descriptor columns per head (they do unless built apart)."""
+        return self.descriptors["k"].outliers.shape[1] == self.descriptors["v"].outliers.shape[1]
+
+    def _pairs(self, device) -> dict[str, torch.Tensor]:
+        """The descriptors as device tensors, built once per layer instead of at every step: keys' and
+        values' (outlier, donor, valid) stacked as ``2H`` heads (one quantize call for both sides),
+        and per side the flat list of real pairs (padding columns dropped) that dequantization indexes."""
+        if "tokens" not in self._maps:
+            sides = [self.descriptors[w] for w in ("k", "v")]
+            maps = {}
+            if self._joint:
+                maps = {name: torch.cat([getattr(d, attr).to(device) for d in sides])
+                        for name, attr in (("o", "outlier_ids"), ("d", "donor_ids"), ("valid", "valid"))}
+            for which, d in zip("kv", sides):
+                ok = d.valid.to(device)
+                H, k = ok.shape
+                heads = torch.arange(H, device=device)[:, None].expand(H, k)[ok]
+                fill = torch.zeros(H, k, device=device) if d.fill is None else d.fill.to(device).float()
+                chans = torch.cat([d.outlier_ids.to(device)[ok], d.donor_ids.to(device)[ok]])
+                maps[which] = {"heads": heads, "heads2": torch.cat([heads, heads]), "chans": chans,
+                               "bytes": chans // 2, "high": (chans % 2 == 1)[:, None, None], "fill": fill[ok]}
+            self._maps["tokens"] = maps
+        return self._maps["tokens"]
 
     def _append(self, k, v, G):
         if not self.descriptors:
             self._make_descriptors(k, v)
-        n = k.shape[-2]
-        for which, x in (("k", k), ("v", v)):
-            d = self.descriptors[which]
-            packed, scale, zero = quantize_tokens_ref(x, d.outlier_ids, d.donor_ids, d.valid)
+        B, H, n, _ = k.shape
+        if self._joint:
+            # every group is one (row, head, token): keys and values quantize as 2H heads in one call
+            m = self._pairs(k.device)
+            packed, scale, zero = quantize_tokens_ref(torch.cat([k, v], dim=1), m["o"], m["d"], m["valid"])
+            parts = {"k": (packed[:, :H], scale[:, :H], zero[:, :H]), "v": (packed[:, H:], scale[:, H:], zero[:, H:])}
+        else:
+            parts = {}
+            for which, x in (("k", k), ("v", v)):
+                d = self.descriptors[which]
+                parts[which] = quantize_tokens_ref(x, d.outlier_ids, d.donor_ids, d.valid)
+        for which, (packed, scale, zero) in parts.items():
             old = self.store[which]
             new = {"packed": packed, "scale": scale, "zero": zero}
-            self.store[which] = {name: torch.cat([old[name], t], dim=2) if name in old else t
+            self.store[which] = {name: torch.cat([old[name], t], dim=2) if name in old else t.contiguous()
                                  for name, t in new.items()}
+            if self.keep_dequantized:  # only the new tokens are dequantized, once
+                tail = k.new_empty(B, H, n, k.shape[-1])
+                _dequant_tokens_into(packed, scale, zero, self._pairs(k.device)[which], tail)
+                self._deq[which] = torch.cat([self._deq[which], tail], dim=2) if which in self._deq else tail
         self.n_packed += n
 
     def _dequantize(self, which):
         s, d = self.store[which], self.descriptors[which]
         return dequant_tokens_ref(s["packed"], s["scale"], s["zero"], d.outlier_ids, d.donor_ids, d.fill, d.valid)
 
+    def _dequantize_into(self, which, out):
+        if self.keep_dequantized:
+            out.copy_(self._deq[which])
+            return
+        s = self.store[which]
+        _dequant_tokens_into(s["packed"], s["scale"], s["zero"], self._pairs(out.device)[which], out)
+
+    def _map_batch(self, fn):
+        super()._map_batch(fn)
+        self._deq = {which: fn(t) for which, t in self._deq.items()}
+
+    def nbytes(self) -> dict[str, int]:
+        out = super().nbytes()
+        if self.keep_dequantized:  # the copy costs what an unquantized cache of the same tokens holds
+            out["dequantized"] = sum(_nbytes(t) for t in self._deq.values())
+        return out
+
     # -- continuous batching: per-token groups can be cut and padded at any column -------------------
     def cut_left(self, first: int) -> None:
         """Drop the first ``first`` token columns of every row (no row attends to them any more)."""
         for which in ("k", "v"):
             self.store[which] = {name: t[:, :, first:] for name, t in self.store[which].items()}
+        self._deq = {which: t[:, :, first:] for which, t in self._deq.items()}
         self.n_packed -= first
 
     def merge_rows(self, other: InQuantTokenLayer, width: int) -> None:
@@ -317,6 +403,9 @@ class InQuantTokenLayer(InQuantLayer):
         for which in ("k", "v"):
             self.store[which] = {name: torch.cat([pad(t), pad(other.store[which][name])], dim=0)
                                  for name, t in self.store[which].items()}
+        if self.keep_dequantized != other.keep_dequantized:
+            raise ValueError("cannot merge InQuant rows with and without a dequantized copy")
+        self._deq = {which: torch.cat([pad(t), pad(other._deq[which])], dim=0) for which, t in self._deq.items()}
         self.keys = torch.cat([self.keys, other.keys], dim=0)
         self.values = torch.cat([self.values, other.values], dim=0)
         self.n_packed = width
@@ -379,3 +468,33 @@ class OutlierBufferLayer(_WindowedQuantLayer):
         B, H, T, D = x.shape
         x = x.reshape(B, H, T * D).scatter_(-1, s["sparse_idx"].long(), s["sparse_vals"].float())
         return x.view(B, H, T, D)
+
+
+def _dequant_tokens_into(packed, scale, zero, pairs: dict, out: torch.Tensor) -> None:
+    """:func:`dequant_tokens_ref` in fewer passes, written into ``out`` ``[N, H, T, D]``: the nibbles go
+    straight into the float result's even/odd channels (no unpacked uint8 copy, no promoting
+    ``addcmul``: both measured slower on CPU), scaled and shifted in place; then the real pairs only
+    (``pairs`` from ``InQuantTokenLayer._pairs``: padding columns dropped, no per-head loop): one
+    gather of their outlier and donor nibbles, their 8-bit values, one ``index_put_`` of outliers
+    and donor fills. The float operations are the reference's, so the values are too."""
+    if out.dtype != torch.float32:  # computed in float32 and rounded once, as the reference does
+        full = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+        _dequant_tokens_into(packed, scale, zero, pairs, full)
+        out.copy_(full)
+        return
+    scale, zero = scale.float()[..., None], zero.float()[..., None]
+    halves = out.unflatten(-1, (packed.shape[-1], 2))
+    halves[..., 0] = packed & 15
+    halves[..., 1] = packed >> 4
+    out.mul_(scale).add_(zero)
+    P = pairs["heads"].shape[0]
+    if not P:
+        return
+    # advanced indices on dims 1 and 3 around a slice: results are [2P, N, T]
+    byte = packed[:, pairs["heads2"], :, pairs["bytes"]]
+    codes = torch.where(pairs["high"], byte >> 4, byte & 15).float()
+    q8 = torch.add(codes[:P], codes[P:], alpha=16)
+    sp = scale[..., 0].index_select(1, pairs["heads"]).transpose(0, 1)
+    zp = zero[..., 0].index_select(1, pairs["heads"]).transpose(0, 1)
+    xo = (q8 - 128.0) * sp + zp
+    out[:, pairs["heads2"], :, pairs["chans"]] = torch.cat([xo, pairs["fill"][:, None, None].expand_as(xo)])
