@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from llmkit.experiments.harness import ResultStore, lr_sweep, resolve_preset
+from llmkit.train.common import save_figure
 from llmkit.train.halo.schedule import METHODS
 
 MODEL = "smollm2-135m-instruct"
@@ -309,12 +310,7 @@ def plot_summary(runs: Sequence[dict], summary: dict, path: str | Path, title: s
         ax.set_ylabel("validation loss")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # ----------------------------------------------------------------------------- the comparison, step by step

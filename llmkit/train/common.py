@@ -25,6 +25,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,23 @@ from transformers import TrainerCallback
 
 FIELD_PAIRS = (("question", "answer"), ("problem", "solution"), ("prompt", "completion"),
                ("instruction", "output"), ("input", "output"))
+
+
+@dataclass
+class TrainDataArguments:
+    """The training-data fields the SFT-style recipes share (TRL's ScriptArguments names, and the older llmkit
+    names that ``apply_deprecated_fields`` maps onto them)."""
+
+    dataset_name: str = field(default="openai/gsm8k", metadata={
+        "help": "training data (TRL's ScriptArguments name): a local JSONL/JSON file or a Hugging Face dataset "
+                "id (question/answer, problem/solution, prompt/completion or messages rows)"})
+    dataset_config: str | None = field(default=None, metadata={
+        "help": "dataset config name for hub ids (unset: 'main' for openai/gsm8k, else none)"})
+    dataset_train_split: str = field(default="train", metadata={"help": "split for hub datasets"})
+    train_data: str | None = field(default=None, metadata={"help": "deprecated: use dataset_name"})
+    train_data_config: str | None = field(default=None, metadata={"help": "deprecated: use dataset_config"})
+    train_split: str | None = field(default=None, metadata={"help": "deprecated: use dataset_train_split"})
+    max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training rows"})
 
 
 def apply_deprecated_fields(cfg, renames: dict[str, str]) -> None:
@@ -254,10 +272,17 @@ def plot_curves(series: dict[str, tuple[list[float], list[float]]], path: str | 
         ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
+    """Lay out, write (creating the folder) and close ``fig``; returns the path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
 

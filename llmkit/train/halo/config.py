@@ -10,11 +10,12 @@ with warnings.catch_warnings():  # TRL marks its experimental package with a war
     from trl.experimental.gkd import GKDConfig
 
 from llmkit.optim.hf import LlmkitOptimMixin
+from llmkit.train.common import TrainDataArguments
 from llmkit.train.halo.schedule import METHODS
 
 
 @dataclass
-class HaloArguments:
+class HaloArguments(TrainDataArguments):
     """The layer schedule (HALO or a baseline) and the data: train, validation, forgetting sets."""
 
     halo_method: str = field(default="halo", metadata={
@@ -32,16 +33,6 @@ class HaloArguments:
     lisa_layers: int = field(default=2, metadata={"help": "lisa: decoder layers active at a time"})
     lisa_interval: int = field(default=5, metadata={"help": "lisa: steps between re-draws of the active layers"})
 
-    dataset_name: str = field(default="openai/gsm8k", metadata={
-        "help": "training data (TRL's ScriptArguments name): a local JSONL/JSON file or a Hugging Face dataset "
-                "id (question/answer, problem/solution, prompt/completion or messages rows)"})
-    dataset_config: str | None = field(default=None, metadata={
-        "help": "dataset config name for hub ids (unset: 'main' for openai/gsm8k, else none)"})
-    dataset_train_split: str = field(default="train", metadata={"help": "split for hub datasets"})
-    train_data: str | None = field(default=None, metadata={"help": "deprecated: use dataset_name"})
-    train_data_config: str | None = field(default=None, metadata={"help": "deprecated: use dataset_config"})
-    train_split: str | None = field(default=None, metadata={"help": "deprecated: use dataset_train_split"})
-    max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training rows"})
     eval_data: str | None = field(default=None, metadata={
         "help": "validation data (same formats); its loss is the trainer's eval_loss"})
     eval_data_config: str | None = field(default=None, metadata={"help": "dataset config name for eval_data"})

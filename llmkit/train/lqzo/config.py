@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from trl import SFTConfig
 
+from llmkit.train.common import TrainDataArguments
+
 ZO_METHODS = ("lqzo", "qzo", "mezo")
 TASKS = ("sentiment", "compare", "none")
 
@@ -26,7 +28,7 @@ SCALE_MODES = ("log", "add")
 
 
 @dataclass
-class LQZOArguments:
+class LQZOArguments(TrainDataArguments):
     """The ZO estimator (each LQZO piece is its own switch), the quantization, and the data."""
 
     zo_method: str = field(default="lqzo", metadata={
@@ -62,16 +64,6 @@ class LQZOArguments:
         "choices": [0, 2, 3, 4, 8]})
     quant_group_size: int = field(default=64, metadata={"help": "weights per quantization group (input dim)"})
 
-    dataset_name: str = field(default="openai/gsm8k", metadata={
-        "help": "training data (TRL's ScriptArguments name): a local JSONL/JSON file or a Hugging Face dataset "
-                "id (question/answer, problem/solution, prompt/completion or messages rows)"})
-    dataset_config: str | None = field(default=None, metadata={
-        "help": "dataset config name for hub ids (unset: 'main' for openai/gsm8k, else none)"})
-    dataset_train_split: str = field(default="train", metadata={"help": "split for hub datasets"})
-    train_data: str | None = field(default=None, metadata={"help": "deprecated: use dataset_name"})
-    train_data_config: str | None = field(default=None, metadata={"help": "deprecated: use dataset_config"})
-    train_split: str | None = field(default=None, metadata={"help": "deprecated: use dataset_train_split"})
-    max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training rows"})
     task_train_samples: int = field(default=0, metadata={
         "help": "mix N rows of the procedural accuracy task (accuracy_task) into the training data"})
     eval_data: str | None = field(default=None, metadata={
