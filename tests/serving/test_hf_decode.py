@@ -107,16 +107,18 @@ def _truncate_one(scores, temperature, top_k, min_p, top_p):
 
 def test_batched_truncation_matches_the_per_row_rule():
     torch.manual_seed(0)
-    vocab = 1000
-    logits = torch.randn(7, vocab) * 3
-    logits[5] = torch.randn(vocab) * 0.01  # nearly flat: the best 256 tokens hold too little mass, full sort
+    vocab = 5000
+    logits = torch.randn(8, vocab) * 3
+    logits[5] = torch.randn(vocab) * 0.01  # nearly flat: even the best 4096 tokens hold too little, full sort
+    logits[7] = torch.randn(vocab)  # flat-ish: the nucleus lies between the best 256 and the best 4096
     rows = [(1.0, 0, 0.0, 1.0), (0.7, 50, 0.0, 1.0), (1.3, 0, 0.1, 1.0), (0.8, 0, 0.0, 0.9),
-            (1.0, 40, 0.05, 0.5), (1.0, 0, 0.0, 0.99), (0.5, vocab, 0.0, 0.95)]
+            (1.0, 40, 0.05, 0.5), (1.0, 0, 0.0, 0.99), (0.5, vocab, 0.0, 0.95), (1.0, 0, 0.0, 0.9)]
     got = _truncate(logits.clone(), *map(list, zip(*rows)))
     for i, params in enumerate(rows):
         want = _truncate_one(logits[i], *params)
         assert torch.equal(torch.isinf(got[i]), torch.isinf(want)), params
         kept = ~torch.isinf(want)
         torch.testing.assert_close(got[i][kept], want[kept])
-        assert 0 < kept.sum() < vocab or params[1:] in ((0, 0.0, 1.0), (vocab, 0.0, 0.95))
-    assert (~torch.isinf(got[5])).sum() > 256  # the fallback row kept more than the prefix holds
+        assert 0 < kept.sum() < vocab or params[1:] == (0, 0.0, 1.0)
+    assert (~torch.isinf(got[5])).sum() > 4096
+    assert 256 < (~torch.isinf(got[7])).sum() < 4096
