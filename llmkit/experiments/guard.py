@@ -194,7 +194,7 @@ def fit_guards(caps: list, labels: list, rows: list[int], *, scores=SCORES, cali
 
 def cross_source(caps: list, labels: list, sources: list[set[str]], *, pairs=PAIRS, scores=SCORES,
                  target_fpr: float = 0.05, calibration: float = 0.3, seed: int = 0, n_resamples: int = 1000,
-                 progress=None, **fit_kw) -> dict:
+                 min_class: int = 5, progress=None, **fit_kw) -> dict:
     """Fit on one source, test on another, for every pair and score.
 
     ``caps``: one capture per answer; ``labels``: 1 violation, 0 compliant, None left out;
@@ -204,7 +204,8 @@ def cross_source(caps: list, labels: list, sources: list[set[str]], *, pairs=PAI
     ``realized_fpr_cross_<fit>_to_<test>_<score>``, ``realized_fpr_<score>`` (mean over the pairs) and
     ``worst_cross_auroc_<score>``. ``fit_kw`` goes to ``Guard.fit_captures`` (model_name, hidden_size, ...).
     A source with a single class (too few answers; :func:`grade_answers` grades labels so that a strict
-    pass is not needed) makes its pairs undefined: they are reported and left out of the worst case.
+    pass is not needed) makes its pairs undefined, and a test source with fewer than ``min_class`` answers
+    of a class gives an AUROC that one answer can swing: both are reported and left out of the worst case.
     """
     if not len(caps) == len(labels) == len(sources):
         raise ValueError(f"caps, labels and sources differ in length: {len(caps)}, {len(labels)}, {len(sources)}")
@@ -233,7 +234,9 @@ def cross_source(caps: list, labels: list, sources: list[set[str]], *, pairs=PAI
             out["figures"][f"auroc_cross_{name}_{kind}"] = per[kind]["auroc"]
             out["figures"][f"realized_fpr_cross_{name}_{kind}"] = per[kind].get("realized_fpr", float("nan"))
         out["pairs"][name] = per
-    comparable = [p for p, per in out["pairs"].items() if all(_finite(per[k]["auroc"]) for k in scores)]
+    comparable = [p for p, per in out["pairs"].items()
+                  if all(_finite(per[k]["auroc"]) and min(per[k]["n_pos"], per[k]["n_neg"]) >= min_class
+                         for k in scores)]
     for kind in scores:
         fprs = [out["pairs"][p][kind].get("realized_fpr", float("nan")) for p in out["pairs"]]
         fprs = [f for f in fprs if _finite(f)]

@@ -92,6 +92,22 @@ def test_a_source_without_violations_cannot_fit_the_supervised_scores():
     assert res["comparable_pairs"] == ["safety_to_tools"]
 
 
+def test_a_test_source_with_a_handful_of_one_class_is_reported_but_not_in_the_worst_case():
+    caps, labels, sources = synthetic()
+    tools_ok = [i for i, s in enumerate(sources) if "tools" in s and labels[i] == 0]
+    for i in tools_ok[2:]:
+        labels[i] = None  # two compliant tool-use answers left: one answer swings the AUROC by a half
+    res = X.cross_source(caps, labels, sources, pairs=(("safety", "tools"), ("safety", "rules")), n_resamples=20,
+                         **FIT)
+    r = res["pairs"]["safety_to_tools"]["energy"]
+    assert r["n_neg"] == 2 and math.isfinite(r["auroc"])
+    assert res["comparable_pairs"] == ["safety_to_rules"]
+    assert res["figures"]["worst_cross_auroc_energy"] == res["pairs"]["safety_to_rules"]["energy"]["auroc"]
+    lenient = X.cross_source(caps, labels, sources, pairs=(("safety", "tools"), ("safety", "rules")),
+                             n_resamples=20, min_class=1, **FIT)
+    assert lenient["comparable_pairs"] == ["safety_to_tools", "safety_to_rules"]
+
+
 def test_choose_default_takes_the_best_worst_case():
     assert X.choose_default({"energy": 0.6, "entropic": 0.7, "probe": 0.65, "combined": float("nan")}) == "entropic"
     assert X.choose_default({"energy": 0.7, "entropic": 0.7, "probe": 0.7}) == "energy"  # ties: less data needed
