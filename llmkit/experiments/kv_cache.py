@@ -485,7 +485,13 @@ def quant_speed(model, tok, text: str, length: int, caches: Caches, reps: int) -
 
 @torch.inference_mode()
 def decode_speed(model, tok, prompts, names, caches: Caches, new_tokens: int) -> dict:
-    """``generate`` tokens/s per cache (greedy, exactly ``new_tokens`` each, best of two)."""
+    """``generate`` tokens/s per cache (greedy, exactly ``new_tokens`` each, best of two).
+
+    What bounds InQuant here (CPU, bundled model, batch 4): per layer and step the unquantized cache runs
+    two ``cat``s, InQuant's per-token layer a few hundred small PyTorch ops (quantizing the new token with
+    its outlier pairs, reading the store back), so its gap is a fixed per-step cost that a fused kernel,
+    not the layout, would remove. ``keep_dequantized`` (see ``InQuantTokenLayer``) drops the read-back,
+    not the quantize, and costs an unquantized cache's memory."""
     side, tok.padding_side = tok.padding_side, "left"
     enc = tok(prompts, return_tensors="pt", padding=True)
     tok.padding_side = side

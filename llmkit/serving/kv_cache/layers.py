@@ -288,8 +288,10 @@ class InQuantTokenLayer(InQuantLayer):
     instead keeps the dequantized prefix in the model's dtype, growing by the new tokens only
     (dequantized once, when quantized): attention reads the same values, decode spends about what
     an unquantized cache does, and the layer holds the packed store *plus* as many bytes as an
-    unquantized cache (``nbytes()["dequantized"]``), so it gives up InQuant's memory saving; for
-    runs where speed matters and memory does not. bench/results/kv_cache.md has the measured costs."""
+    unquantized cache (``nbytes()["dequantized"]``), so it gives up InQuant's memory saving. Off by
+    default: at the bench's few-hundred-token contexts it was not faster on CPU (each step's cost is
+    then the ~hundreds of small ops that quantize the new token, not the read-back); its O(new tokens)
+    step pays at contexts of a thousand tokens and more."""
 
     layout = "per-token"
 
