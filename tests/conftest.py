@@ -192,6 +192,26 @@ def offline_env(tmp_path_factory) -> dict:
     return env
 
 
+@pytest.fixture(scope="session")
+def vllm_server():
+    """One vLLM engine (bundled model, eager, float32) behind ``llmkit serve`` on loopback for every test that needs
+    one: ``.url``, ``.http`` (httpx), ``.engine``."""
+    import httpx
+
+    from llmkit.engines.vllm import VLLMEngine
+    from llmkit.serving.server import BackgroundServer, ServerConfig, build_app
+
+    # float32: the engine test compares its greedy text with the hf engine's, which bf16 rounding can flip
+    engine = VLLMEngine(None, enforce_eager=True, dtype="float32")
+    try:
+        with BackgroundServer(build_app(engine, ServerConfig(model_name="smollm2-135m-instruct"))) as server, \
+                httpx.Client(base_url=server.url, timeout=300) as http:
+            server.engine, server.http = engine, http
+            yield server
+    finally:
+        engine.close()
+
+
 def pytest_collection_modifyitems(config, items):
     """With ``pytest -n 2 --dist loadgroup`` (``make test``): a test file runs on one worker, so its module
     fixtures (models, engines, servers) are built once, and every test that uses the session's vLLM server

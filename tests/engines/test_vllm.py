@@ -17,10 +17,10 @@ def test_import_vllm():
 
 @pytest.mark.vllm
 @pytest.mark.bundled
-def test_one_prompt_vllm_generation():
-    """Greedy vLLM in float32 gives the hf engine's greedy text. bf16 (the engine's default) is left out on
-    purpose: its rounding flips the bundled 135M model's first token on some CPUs, so a text check there
-    would test the arithmetic, not the engine."""
+def test_one_prompt_vllm_generation(vllm_server):
+    """Greedy vLLM in float32 (the session's engine, tests/conftest.py) gives the hf engine's greedy text. bf16
+    (the engine's default) is left out on purpose: its rounding flips the bundled 135M model's first token on
+    some CPUs, so a text check there would test the arithmetic, not the engine."""
     from llmkit.engines import get_engine
     from llmkit.generation import GenerationParams
 
@@ -31,11 +31,8 @@ def test_one_prompt_vllm_generation():
         [[ref]] = hf.generate([hf.chat_prompt(messages)], params)
     finally:
         hf.close()
-    eng = get_engine("vllm", enforce_eager=True, dtype="float32")
-    try:
-        [[c]] = eng.generate([eng.chat_prompt(messages)], params)
-    finally:
-        eng.close()
+    eng = vllm_server.engine
+    [[c]] = eng.generate([eng.chat_prompt(messages)], params)
     assert c.completion_tokens > 0
     assert "Paris" in c.text, c.text
     # vLLM keeps the closing EOS id in token_ids where the hf engine drops it, so compare the decoded text
