@@ -128,7 +128,21 @@ def _g_cross(d, _):
     return label + (f"Fitted on one source and tested on another it never saw ({', '.join(d['cross_source_comparable_pairs'])}), "
             f"the worst-case AUROC is {worst}; the default score is {k} (best worst case, "
             f"{f['default_worst_cross_auroc']:.3f}), with a realized FPR of {f['default_realized_fpr_cross']:.3f} on the "
-            f"unseen sources' clean answers at the threshold fitted for a {f['target_fpr_cross']:.2f} target.")
+            f"unseen sources' clean answers at the threshold fitted for a {f['target_fpr_cross']:.2f} target."
+            + _g_cross_left_out(d))
+
+
+def _g_cross_left_out(d) -> str:
+    """The pairs kept out of the worst case and why (a class missing or too small, or a score not fitted)."""
+    why = []
+    for name, per in d["cross_source"].items():
+        if name in d["cross_source_comparable_pairs"]:
+            continue
+        err = next((r["error"] for r in per.values() if "error" in r), None)
+        r = next(iter(per.values()))
+        why.append(f"{name} (not fitted: {err})" if err else f"{name} ({r['n_pos']} violations, {r['n_neg']} "
+                   "compliant test answers)")
+    return f" Left out of the worst case: {'; '.join(why)}." if why else ""
 
 
 def _g_arms(d, _):
