@@ -193,16 +193,25 @@ def offline_env(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="session")
-def vllm_server():
-    """One vLLM engine (bundled model, eager, float32) behind ``llmkit serve`` on loopback for every test that needs
-    one: ``.url``, ``.http`` (httpx), ``.engine``."""
+def vllm_server(tmp_path_factory):
+    """One vLLM engine (bundled model, eager, float32, a random LoRA adapter served as "rnd") behind ``llmkit
+    serve`` on loopback for every test that needs one: ``.url``, ``.http`` (httpx), ``.engine``."""
     import httpx
+    import torch
+    from peft import LoraConfig, get_peft_model
 
     from llmkit.engines.vllm import VLLMEngine
+    from llmkit.models import load
     from llmkit.serving.server import BackgroundServer, ServerConfig, build_app
 
+    adapter = tmp_path_factory.mktemp("lora") / "rnd"
+    model, _ = load("smollm2-135m-instruct")
+    torch.manual_seed(0)
+    get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                     init_lora_weights=False)).save_pretrained(adapter)
+    del model
     # float32: the engine test compares its greedy text with the hf engine's, which bf16 rounding can flip
-    engine = VLLMEngine(None, enforce_eager=True, dtype="float32")
+    engine = VLLMEngine(None, enforce_eager=True, dtype="float32", lora_modules={"rnd": str(adapter)})
     try:
         with BackgroundServer(build_app(engine, ServerConfig(model_name="smollm2-135m-instruct"))) as server, \
                 httpx.Client(base_url=server.url, timeout=300) as http:

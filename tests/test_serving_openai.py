@@ -465,56 +465,43 @@ def test_429_carries_retry_after():
 @pytest.mark.bundled
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_engine_honours_the_same_fields(tmp_path):
-    """One vLLM engine (bundled model, eager, with a random LoRA adapter) through every new field."""
-    from peft import LoraConfig, get_peft_model
+def test_vllm_engine_honours_the_same_fields(vllm_server):
+    """The session's vLLM engine (bundled model, eager, with a random LoRA adapter; tests/conftest.py) through
+    every new field."""
+    from llmkit.models import resolve
 
-    from llmkit.engines.vllm import VLLMEngine
-    from llmkit.models import load, resolve
-
-    model, _ = load("smollm2-135m-instruct")
-    torch.manual_seed(0)
-    peft = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                                            init_lora_weights=False))
-    peft.save_pretrained(tmp_path / "rnd")
-    del model, peft
-    engine = VLLMEngine(None, enforce_eager=True, lora_modules={"rnd": str(tmp_path / "rnd")})
-    try:
-        app = build_app(engine, ServerConfig(model_name="m"))
-        with BackgroundServer(app) as s:
-            client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
-            assert [m.id for m in client.models.list().data] == ["m", "rnd"]
-            msgs = [{"role": "user", "content": "Name three colors."}]
-            base = client.chat.completions.create(model="m", messages=msgs, max_tokens=16, temperature=0,
-                                                  logprobs=True, top_logprobs=2)
-            content = base.choices[0].logprobs.content
-            assert len(content) == base.usage.completion_tokens
-            assert all(c.top_logprobs[0].logprob == pytest.approx(c.logprob, abs=1e-3) for c in content)
-            lora = client.chat.completions.create(model="rnd", messages=msgs, max_tokens=16, temperature=0)
-            assert lora.choices[0].message.content != base.choices[0].message.content
-            rep = client.chat.completions.create(model="m", messages=msgs, max_tokens=16, temperature=0,
-                                                 extra_body={"repetition_penalty": 2.0, "top_k": 5, "min_p": 0.05},
-                                                 presence_penalty=1.0, frequency_penalty=1.0)
-            assert rep.choices[0].message.content != base.choices[0].message.content
-            echo = client.completions.create(model="m", prompt="Two plus two is", max_tokens=3, temperature=0,
-                                             logprobs=1, echo=True)
-            lp = echo.choices[0].logprobs
-            assert echo.choices[0].text.startswith("Two plus two is") and lp.token_logprobs[0] is None
-            assert len(lp.tokens) == echo.usage.prompt_tokens + echo.usage.completion_tokens
-            js = client.chat.completions.create(model="m", messages=msgs, max_tokens=60, temperature=0,
-                                                response_format={"type": "json_schema",
-                                                                 "json_schema": {"name": "r", "schema": SCHEMA}})
-            jsonschema.validate(json.loads(js.choices[0].message.content), SCHEMA)
-            tool = client.chat.completions.create(
-                model="m", messages=msgs, max_tokens=60, temperature=0,
-                tools=[{"type": "function", "function": {"name": "calc", "parameters": SCHEMA}}], tool_choice="required")
-            (tc,) = tool.choices[0].message.tool_calls
-            jsonschema.validate(json.loads(tc.function.arguments), SCHEMA)
-            spoof = client.chat.completions.create(model="m", messages=[{"role": "user", "content": SPOOF}],
-                                                   max_tokens=2, temperature=0)
-            assert spoof.usage.prompt_tokens == len(encode_chat(engine.tokenizer, [{"role": "user",
-                                                                                    "content": SPOOF}]))
-            assert (_metric(s.url, "vllm:generation_tokens_total") or 0) > 0
-    finally:
-        engine.close()
+    engine, s, m = vllm_server.engine, vllm_server, "smollm2-135m-instruct"
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+    assert [x.id for x in client.models.list().data] == [m, "rnd"]
+    msgs = [{"role": "user", "content": "Name three colors."}]
+    base = client.chat.completions.create(model=m, messages=msgs, max_tokens=16, temperature=0,
+                                          logprobs=True, top_logprobs=2)
+    content = base.choices[0].logprobs.content
+    assert len(content) == base.usage.completion_tokens
+    assert all(c.top_logprobs[0].logprob == pytest.approx(c.logprob, abs=1e-3) for c in content)
+    lora = client.chat.completions.create(model="rnd", messages=msgs, max_tokens=16, temperature=0)
+    assert lora.choices[0].message.content != base.choices[0].message.content
+    rep = client.chat.completions.create(model=m, messages=msgs, max_tokens=16, temperature=0,
+                                         extra_body={"repetition_penalty": 2.0, "top_k": 5, "min_p": 0.05},
+                                         presence_penalty=1.0, frequency_penalty=1.0)
+    assert rep.choices[0].message.content != base.choices[0].message.content
+    echo = client.completions.create(model=m, prompt="Two plus two is", max_tokens=3, temperature=0,
+                                     logprobs=1, echo=True)
+    lp = echo.choices[0].logprobs
+    assert echo.choices[0].text.startswith("Two plus two is") and lp.token_logprobs[0] is None
+    assert len(lp.tokens) == echo.usage.prompt_tokens + echo.usage.completion_tokens
+    js = client.chat.completions.create(model=m, messages=msgs, max_tokens=60, temperature=0,
+                                        response_format={"type": "json_schema",
+                                                         "json_schema": {"name": "r", "schema": SCHEMA}})
+    jsonschema.validate(json.loads(js.choices[0].message.content), SCHEMA)
+    tool = client.chat.completions.create(
+        model=m, messages=msgs, max_tokens=60, temperature=0,
+        tools=[{"type": "function", "function": {"name": "calc", "parameters": SCHEMA}}], tool_choice="required")
+    (tc,) = tool.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(tc.function.arguments), SCHEMA)
+    spoof = client.chat.completions.create(model=m, messages=[{"role": "user", "content": SPOOF}],
+                                           max_tokens=2, temperature=0)
+    assert spoof.usage.prompt_tokens == len(encode_chat(engine.tokenizer, [{"role": "user",
+                                                                            "content": SPOOF}]))
+    assert (_metric(s.url, "vllm:generation_tokens_total") or 0) > 0
     assert resolve(None)
