@@ -100,7 +100,9 @@ SPECS: dict[str, Spec] = {
         f"{d['summary']['recovered_fraction_lqzo_int2'] * 100:+.1f}%; memory {d['summary']['mem_ratio_vs_qlora']:.2f}x "
         "QLoRA")),
     "smith_quick": Spec(command="python bench/smith.py --quick", **SMITH, headline=lambda d, _: (
-        f"held-out macro accuracy {d['conditions']['smith']:.3f} (no tools {d['conditions']['no_tools']:.3f}); "
+        f"held-out macro accuracy {d['conditions']['smith']:.3f} (base model without tools "
+        f"{d['conditions']['no_tools']:.3f}, warm-started student without tools "
+        f"{d['conditions'].get('student_no_tools', float('nan')):.3f}); "
         f"builds verified {d['build_verified_rate_before']:.2f} -> {d['build_verified_rate_after']:.2f}")),
     "ldp_cache_fixed_budget": Spec(command=f"{LDP} --fixed-budget-only", **LDP_FB, headline=lambda d, _: (
         f"B/Q 4: {sgn(d['pooled']['4.0']['ldpcache']['diff_vs_no_cache'])} "

@@ -67,4 +67,25 @@ def _smith(d, _):
     return (f"Verified training-family builds {d['build_verified_rate_before']:.2f} -> {d['build_verified_rate_after']:.2f}"
             f" over the warm start; pool after GRPO {d['runs']['smith']['pool_size']} tools; held-out macro accuracy: "
             + ", ".join(f"{k} {v:.3f}" for k, v in c.items())
-            + f"; sandbox attacks contained {sum(a['contained'] for a in attacks)}/{len(d['attacks'])}.")
+            + f"; sandbox attacks contained {sum(a['contained'] for a in attacks)}/{len(d['attacks'])}."
+            + _smith_student(d))
+
+
+def _smith_student(d) -> str:
+    """What the frozen student and the use share say, where the run recorded them."""
+    st, pool = d.get("student"), d.get("student_training_pool")
+    if not st or not pool:
+        return ""
+    n = sum(st["smith_tools"]["n_per_family"].values())
+    lo, hi = st["smith_tools"]["macro_ci"]
+    built = len(st.get("smith_heldout_tools") or [])
+    use = "; ".join(f"{arm} {', '.join(f'{u:.2f}' for u in fr)}" for arm, fr in (d.get("use_fraction") or {}).items())
+    return (f" Share of use rollouts per GRPO step: {use}."
+            f" The student frozen before GRPO scores {st['smith_tools']['macro']:.3f} [{lo:.3f}, {hi:.3f}] on the"
+            f" held-out families with SMITH's tools ({built} held-out tools built, {n} questions) and"
+            f" {d['conditions']['student_no_tools']:.3f} without tools"
+            + (", so the held-out gain over the base model is the warm start's, not the tools'"
+               if st["smith_tools"]["macro"] == d["conditions"]["student_no_tools"] else "")
+            + f"; on the training families GRPO verified a tool for"
+            f" ({', '.join(pool['families'])}) it scores {pool['with_pool']:.3f} with those tools vs"
+            f" {pool['no_tools']:.3f} without (call parse rate {pool['call_parse_rate']:.3f}).")
