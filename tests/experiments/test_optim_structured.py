@@ -10,10 +10,7 @@ import pytest
 
 from llmkit.experiments import optim_structured as OS
 
-
-@pytest.fixture(autouse=True)
-def _one_thread(one_torch_thread):
-    yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_locu_figures_rates_and_collinear_steps():

@@ -10,10 +10,7 @@ import pytest
 
 from llmkit.experiments import selection as S
 
-
-@pytest.fixture(autouse=True)
-def _one_thread(one_torch_thread):
-    yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_bandit_figures_top_two_beats_uniform():

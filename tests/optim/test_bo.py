@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from llmkit.optim.bo import (TEST_FUNCTIONS, BatchedThompsonSampling, RandomizedNeuralBO, random_search,
-                             run_ask_tell)
+from llmkit.optim.bo import (
+    TEST_FUNCTIONS,
+    BatchedThompsonSampling,
+    RandomizedNeuralBO,
+    random_search,
+    run_ask_tell,
+)
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_ask_tell_interface():

@@ -10,15 +10,7 @@ from scipy.optimize import linprog, minimize
 
 from llmkit.optim.constrained import locu_step, naive_projection_step, run_softmax_cmdp, softmax_cmdp_toy
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small dense algebra: one thread avoids OpenMP spin-waits on a shared machine (restored afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _random_problem(seed, d=12, m=4, fisher=True):

@@ -8,15 +8,7 @@ import torch
 
 from llmkit.optim.matrix import complete, low_rank_problem, relative_error
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small dense algebra: one thread avoids OpenMP spin-waits on a shared machine (restored afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("seed", [0, 1])

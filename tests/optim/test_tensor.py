@@ -11,15 +11,7 @@ import torch
 
 from llmkit.optim.tensor import compose, rank_one_approx, recover_rank_one
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small dense algebra: one thread avoids OpenMP spin-waits on a shared machine (restored afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _problem(shape, m, sigma, seed):

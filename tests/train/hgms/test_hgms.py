@@ -17,13 +17,7 @@ from llmkit.train.hgms.mixtures import parse_sources, shuffled_answers
 from llmkit.train.hgms.trainer import MixtureSampler, WeightController
 from llmkit.train.hgms.weights import Exp3, doge_score, doremi_score, exponentiated_step
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the box is shared; oversubscribed threads make double backward crawl
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # the box is shared; oversubscribed threads make double backward crawl
 
 
 # ---------------------------------------------------------------- simplex and rules
