@@ -85,12 +85,15 @@ GSM8K_SLICE = [
 ]
 
 
+def _write_gsm8k_slice(path: Path) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in GSM8K_SLICE))
+    return path
+
+
 @pytest.fixture()
 def gsm8k_slice(tmp_path) -> Path:
     """A 4-problem GSM8K file in the original JSONL format."""
-    p = tmp_path / "gsm8k_slice.jsonl"
-    p.write_text("".join(json.dumps(r) + "\n" for r in GSM8K_SLICE))
-    return p
+    return _write_gsm8k_slice(tmp_path / "gsm8k_slice.jsonl")
 
 
 @pytest.fixture(scope="session")
@@ -102,10 +105,12 @@ def bundled():
 
 
 class Launch:
-    """One ``accelerate launch`` run: exit code, output, and the world size the Trainer really ran with."""
+    """One job of the ``accelerate launch`` batch: exit code, output, and the world size the Trainer really ran
+    with. ``returncode`` is 0 only if every rank finished the job with status 0; ``stdout``/``stderr`` are the
+    ranks' output, rank 0 first."""
 
-    def __init__(self, proc, out: Path):
-        self.returncode, self.stdout, self.stderr, self.out = proc.returncode, proc.stdout, proc.stderr, out
+    def __init__(self, returncode: int, stdout: str, stderr: str, out: Path):
+        self.returncode, self.stdout, self.stderr, self.out = returncode, stdout, stderr, out
 
     @property
     def world_size(self) -> int:
@@ -116,30 +121,153 @@ class Launch:
         return len(per_rank) if per_rank else int((ckpts[-1] / "rng_state.pth").is_file())
 
 
-@pytest.fixture()
-def accelerate_cpu_launch(repo_root):
-    """``launch(script, *args, out=DIR)`` runs a recipe under ``accelerate launch`` with 2 real CPU processes (gloo).
+# Every script the suite runs under `accelerate launch` with 2 CPU processes: name -> (script, args, timeout s).
+# "{slice}" is a 4-problem GSM8K file, "{noisy}" the same questions with the answers shuffled; each job gets
+# --output_dir <its own fresh folder>. A test names its job with @pytest.mark.accelerate_job(NAME).
+ACCELERATE_JOBS = {
+    "vspo": ("recipes/vspo.py", ["--config", "recipes/configs/vspo/tiny_cpu.yaml", "--dataset_name", "{slice}",
+                                 "--eval_path", "{slice}", "--eval_num_problems", "2"], 600),
+    "lqzo": ("recipes/lqzo.py", ["--config", "recipes/configs/lqzo/tiny_cpu.yaml", "--dataset_name", "{slice}",
+                                 "--eval_data", "{slice}", "--max_eval_samples", "2", "--accuracy_samples", "4"],
+             600),
+    "smith": ("recipes/smith.py", ["--config", "recipes/configs/smith/tiny_cpu.yaml", "--eval_n", "1",
+                                   "--eval_before", "true", "--eval_max_new_tokens", "8"], 600),
+    "smith_split_prompts": ("recipes/smith.py", ["--config", "recipes/configs/smith/tiny_cpu.yaml",
+                                                 "--per_device_train_batch_size", "3", "--save_strategy", "no"], 600),
+    "halo": ("recipes/halo.py", ["--config", "recipes/configs/halo/tiny_cpu.yaml", "--dataset_name", "{slice}",
+                                 "--forget_data", "{slice}", "--per_device_train_batch_size", "1"], 300),
+    "halo_clip": ("tests/train/halo/clip_worker.py", [], 300),
+    "hgms": ("recipes/hgms.py", ["--config", "recipes/configs/hgms/tiny_cpu.yaml", "--sources", "gsm8k={slice}",
+                                 "noisy={noisy}", "--target_data", "{slice}", "--per_device_train_batch_size", "1"],
+             600),
+}
+ACCELERATE_SLACK_S = 180  # the launcher's start and the barriers, beside the jobs' own time
+
+
+def _accelerate_jobs_requested(session) -> list[str]:
+    """The jobs of the collected tests that will run (``-k``, ``-m`` and a boolean ``skipif`` respected), so
+    that running one of these tests alone launches its job only."""
+    names = []
+    for item in session.items:
+        marker = item.get_closest_marker("accelerate_job")
+        if marker is None or item.get_closest_marker("skip"):
+            continue
+        if any(m.args and m.args[0] is True for m in item.iter_markers("skipif")):
+            continue
+        if marker.args[0] not in names:
+            names.append(marker.args[0])
+    return names
+
+
+class AccelerateBatch:
+    """The results of one ``accelerate launch`` that ran several jobs; ``batch[name]`` is that job's Launch."""
+
+    def __init__(self, jobs: list[dict], world: int, launcher_rc: int | None, launcher_log: str, timeout: float):
+        self.jobs, self.world, self.launcher_rc, self.launcher_log, self.timeout = \
+            jobs, world, launcher_rc, launcher_log, timeout
+
+    def _statuses(self, job: dict) -> list[dict | None]:
+        files = [Path(job["log_dir"]) / f"rank{r}.json" for r in range(self.world)]
+        return [json.loads(f.read_text()) if f.is_file() else None for f in files]
+
+    def _logs(self, job: dict, ext: str) -> str:
+        files = [Path(job["log_dir"]) / f"rank{r}.{ext}" for r in range(self.world)]
+        return "".join(f.read_text(errors="replace") for f in files if f.is_file())
+
+    def __getitem__(self, name: str) -> Launch:
+        job = next((j for j in self.jobs if j["name"] == name), None)
+        if job is None:
+            pytest.fail(f"accelerate job {name!r} was not in this session's batch")
+        statuses = self._statuses(job)
+        if all(statuses):
+            rc = next((s["status"] for s in statuses if s["status"] != 0), 0)
+            return Launch(rc, self._logs(job, "out"), self._logs(job, "err"), Path(job["out"]))
+        stuck = next(j for j in self.jobs if not all(self._statuses(j)))
+        how = (f"the batch timed out after {self.timeout:.0f} s" if self.launcher_rc is None
+               else f"the launcher exited with {self.launcher_rc}")
+        if stuck is job:
+            pytest.fail(f"accelerate job {name!r} did not finish on every rank (statuses {statuses}): it hung or "
+                        f"crashed and {how}.\n--- its stderr ---\n{self._logs(job, 'err')[-3000:]}"
+                        f"\n--- launcher ---\n{self.launcher_log[-2000:]}", pytrace=False)
+        pytest.fail(f"accelerate job {name!r} never ran: the batch stopped in job {stuck['name']!r} ({how})",
+                    pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def accelerate_batch(request, repo_root, tmp_path_factory) -> AccelerateBatch:
+    """``accelerate_batch[name]``: the Launch of a job of ACCELERATE_JOBS, run under ONE ``accelerate launch``
+    with 2 real CPU processes (gloo) that runs every requested job in turn (tests/accelerate_jobs.py).
 
     ``accelerate launch --cpu --num_processes 2`` starts ONE process unless mpirun and a hostfile are set up
     (accelerate's simple launcher), so this uses accelerate's torchrun launcher (``--multi_gpu``): it starts
     the processes and sets RANK/WORLD_SIZE; the recipe configs' ``use_cpu: true`` then makes accelerate pick
     MULTI_CPU with the gloo backend. The README's scale-out section shows the same command.
+
+    Why one launch checks what one launch per job did: every job is still its script run as ``__main__`` with
+    its own argv, under accelerate's launcher, in two real ranks that talk over the same gloo process group a
+    fresh launch would create, each job into a fresh output folder; only the launcher's start and the imports of
+    torch/transformers/trl are shared. What could leak between jobs, and what the driver does about it before
+    each job: os.environ, cwd, sys.path, sys.stdout/err, torch's thread count, default dtype and global seed,
+    transformers' log level and Python's warning filters are put back to the process's start; accelerate's
+    AcceleratorState/PartialState/GradientState singletons are reset (transformers' TrainingArguments resets
+    the first two itself too), the process group is kept (PartialState reuses it; nothing in llmkit ends it).
+    Left shared, as in any long-lived process: imported modules and their caches (lru caches of pure
+    functions in llmkit.tools), the once-per-process registries of libraries, atexit handlers.
+
+    A job that hangs (a rank stuck in a collective) is ended by its own timeout (the driver dumps the stacks
+    into the job's stderr and stops the batch); the whole launch also has a timeout. The test of the job that
+    stopped the batch fails naming it, and so do the tests of the jobs that never ran.
     """
+    import signal
     import subprocess
     import sys
 
+    from llmkit.train.common import load_records
+    from llmkit.train.hgms.mixtures import shuffled_answers, write_jsonl
+
+    names = _accelerate_jobs_requested(request.session) or list(ACCELERATE_JOBS)
+    base = tmp_path_factory.mktemp("accelerate")
+    data = base / "data"
+    data.mkdir()
+    fill = {"{slice}": str(_write_gsm8k_slice(data / "gsm8k_slice.jsonl"))}
+    fill["{noisy}"] = str(write_jsonl(shuffled_answers(load_records(fill["{slice}"]), seed=0), data / "noisy.jsonl"))
+
+    def expand(arg: str) -> str:
+        for key, value in fill.items():
+            arg = arg.replace(key, value)
+        return arg
+
+    jobs = []
+    for name in names:
+        script, args, timeout = ACCELERATE_JOBS[name]
+        out = base / name / "out"
+        jobs.append({"name": name, "script": script, "argv": [*map(expand, args), "--output_dir", str(out)],
+                     "out": str(out), "log_dir": str(base / name / "logs"), "timeout": timeout})
+    (base / "jobs.json").write_text(json.dumps(jobs, indent=1))
+
+    world = 2
     accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
-
-    def launch(script: str, *args: str, out: Path, num_processes: int = 2, timeout: float = 600) -> Launch:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-        cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", str(num_processes), "--num_machines", "1",
-               "--main_process_port", "0", "--mixed_precision", "no", "--dynamo_backend", "no",
-               script, *map(str, args), "--output_dir", str(out)]
-        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=repo_root, env=env,
-                              timeout=timeout)
-        return Launch(proc, Path(out))
-
-    return launch
+    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", str(world), "--num_machines", "1",
+           "--main_process_port", "0", "--mixed_precision", "no", "--dynamo_backend", "no",
+           str(repo_root / "tests" / "accelerate_jobs.py"), str(base / "jobs.json")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    timeout = sum(j["timeout"] for j in jobs) + ACCELERATE_SLACK_S
+    log = base / "launcher.log"
+    with open(log, "w") as f:
+        # its own session, so that on a timeout the launcher and its workers are ended together
+        proc = subprocess.Popen(cmd, cwd=repo_root, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+            os.killpg(proc.pid, signal.SIGTERM)  # torchrun ends its workers on SIGTERM
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return AccelerateBatch(jobs, world, rc, log.read_text(errors="replace"), timeout)
 
 
 @pytest.fixture(autouse=True)
@@ -221,12 +349,22 @@ def vllm_server(tmp_path_factory):
         engine.close()
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "accelerate_job(name): the test reads job NAME of the accelerate_batch "
+                                       "fixture (ACCELERATE_JOBS in tests/conftest.py)")
+
+
 def pytest_collection_modifyitems(config, items):
     """With ``pytest -n 2 --dist loadgroup`` (``make test``): a test file runs on one worker, so its module
-    fixtures (models, engines, servers) are built once, and every test that uses the session's vLLM server
-    runs on the same worker, so that engine starts once."""
+    fixtures (models, engines, servers) are built once, every test that uses the session's vLLM server runs on
+    the same worker, so that engine starts once, and so does every test of the accelerate batch, so that it
+    launches once. The first of those pays for the whole batch: its time limit covers the batch's."""
     for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "accelerate_batch" in fixtures and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(sum(t for *_, t in ACCELERATE_JOBS.values()) + 2 * ACCELERATE_SLACK_S))
         if item.get_closest_marker("xdist_group"):
             continue
-        group = "vllm_server" if "vllm_server" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+        group = ("vllm_server" if "vllm_server" in fixtures else "accelerate" if "accelerate_batch" in fixtures
+                 else item.nodeid.split("::")[0])
         item.add_marker(pytest.mark.xdist_group(group))

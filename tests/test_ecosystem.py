@@ -155,25 +155,22 @@ def test_old_data_field_names_still_work_with_a_deprecation(repo_root, tmp_path)
         parse_method_args("halo", base + ["--train_data", "x.jsonl", "--dataset_name", "z.jsonl"])
 
 
-# recipes/<method>.py under `accelerate launch` with 2 CPU processes (HALO's and HG-MS's own tests cover theirs):
-# (extra args, result file, a line only the main process prints, side work that must run once)
+# recipes/<method>.py under `accelerate launch` with 2 CPU processes (HALO's and HG-MS's own tests cover theirs;
+# the arguments are the jobs' of the same name in conftest's ACCELERATE_JOBS):
+# (result file, a line only the main process prints, side work that must run once)
 ACCELERATE = {
-    "vspo": (["--dataset_name", "{slice}", "--eval_path", "{slice}", "--eval_num_problems", "2"],
-             "eval.json", "results: ", ("eval before", "eval after")),
-    "lqzo": (["--dataset_name", "{slice}", "--eval_data", "{slice}", "--max_eval_samples", "2",
-              "--accuracy_samples", "4"], "lqzo_results.json", "[lqzo] results:", ("[lqzo] lqzo:",)),
-    "smith": (["--eval_n", "1", "--eval_before", "true", "--eval_max_new_tokens", "8"],
-              "eval.json", "pool: ", ("eval before", "eval after")),
+    "vspo": ("eval.json", "results: ", ("eval before", "eval after")),
+    "lqzo": ("lqzo_results.json", "[lqzo] results:", ("[lqzo] lqzo:",)),
+    "smith": ("eval.json", "pool: ", ("eval before", "eval after")),
 }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", sorted(ACCELERATE))
-def test_two_process_accelerate_launch_on_cpu(method, tmp_path, gsm8k_slice, accelerate_cpu_launch):
-    args, result_file, main_only_line, once = ACCELERATE[method]
-    out = tmp_path / "out"
-    r = accelerate_cpu_launch(f"recipes/{method}.py", "--config", f"recipes/configs/{method}/tiny_cpu.yaml",
-                              *[a.replace("{slice}", str(gsm8k_slice)) for a in args], out=out)
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.accelerate_job(m)) for m in sorted(ACCELERATE)])
+def test_two_process_accelerate_launch_on_cpu(method, accelerate_batch):
+    result_file, main_only_line, once = ACCELERATE[method]
+    r = accelerate_batch[method]
+    out = r.out
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.world_size == 2, r.stderr[-3000:]  # really two ranks: each saved its own rng_state_<rank>.pth
     res = json.loads((out / result_file).read_text())

@@ -262,11 +262,10 @@ def test_cli_rejects_unknown_schedule(repo_root, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_two_process_accelerate_launch_on_cpu(tmp_path, gsm8k_slice, accelerate_cpu_launch):
-    out = tmp_path / "out"
-    r = accelerate_cpu_launch("recipes/halo.py", "--config", "recipes/configs/halo/tiny_cpu.yaml",
-                              "--dataset_name", gsm8k_slice, "--forget_data", gsm8k_slice,
-                              "--per_device_train_batch_size", "1", out=out, timeout=300)
+@pytest.mark.accelerate_job("halo")
+def test_two_process_accelerate_launch_on_cpu(accelerate_batch):
+    r = accelerate_batch["halo"]
+    out = r.out
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.world_size == 2, r.stderr[-3000:]
     res = json.loads((out / "halo_results.json").read_text())

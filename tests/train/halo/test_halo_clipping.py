@@ -42,9 +42,10 @@ def test_bare_callback_warns_when_frozen_gradients_would_be_clipped(tiny_model):
 
 
 @pytest.mark.slow
-def test_two_processes_clip_over_active_units(tmp_path, accelerate_cpu_launch):
-    out = tmp_path / "out"
-    r = accelerate_cpu_launch(str(Path(__file__).with_name("clip_worker.py")), out=out, timeout=300)
+@pytest.mark.accelerate_job("halo_clip")  # clip_worker.py as a script
+def test_two_processes_clip_over_active_units(accelerate_batch):
+    r = accelerate_batch["halo_clip"]
+    out = r.out
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((out / "clip.json").read_text())
     assert res["world_size"] == 2

@@ -362,12 +362,10 @@ def test_shipped_configs_parse(repo_root, name):
 
 
 @pytest.mark.slow
-def test_two_process_accelerate_launch_on_cpu(tmp_path, mixture, accelerate_cpu_launch):
-    clean, noisy = mixture
-    out = tmp_path / "out"
-    r = accelerate_cpu_launch("recipes/hgms.py", "--config", "recipes/configs/hgms/tiny_cpu.yaml",
-                              "--sources", f"gsm8k={clean}", f"noisy={noisy}", "--target_data", clean,
-                              "--per_device_train_batch_size", "1", out=out)
+@pytest.mark.accelerate_job("hgms")  # sources gsm8k (the 4-problem slice) and noisy (its answers shuffled)
+def test_two_process_accelerate_launch_on_cpu(accelerate_batch):
+    r = accelerate_batch["hgms"]
+    out = r.out
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.world_size == 2, r.stderr[-3000:]
     res = json.loads((out / "hgms_results.json").read_text())

@@ -100,13 +100,13 @@ def test_one_grpo_step_trains_use_rows_with_the_pooled_tool(tmp_path, tiny_model
 
 @pytest.mark.slow  # two processes, ~2 min on the shared CPU
 @needs_sandbox
-def test_two_ranks_agree_on_each_steps_use_prompts(tmp_path, accelerate_cpu_launch):
+@pytest.mark.accelerate_job("smith_split_prompts")  # --per_device_train_batch_size 3 --save_strategy no
+def test_two_ranks_agree_on_each_steps_use_prompts(accelerate_batch):
     """3 prompts a step over 2 ranks (3 rows each): the middle prompt's two generations sit on different ranks.
     The use share is counted over both ranks, and a prompt split across ranks gets the same kind on both: the
     step's use rows come in whole groups (4 of 6 rows at step 1, 2 of 6 at step 2)."""
-    out = tmp_path / "run"
-    r = accelerate_cpu_launch("recipes/smith.py", "--config", "recipes/configs/smith/tiny_cpu.yaml",
-                              "--per_device_train_batch_size", "3", "--save_strategy", "no", out=out)
+    r = accelerate_batch["smith_split_prompts"]
+    out = r.out
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((out / "eval.json").read_text())
     assert res["world_size"] == 2 and res["steps"] == 2
