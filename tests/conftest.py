@@ -182,15 +182,15 @@ class AccelerateBatch:
         if all(statuses):
             rc = next((s["status"] for s in statuses if s["status"] != 0), 0)
             return Launch(rc, self._logs(job, "out"), self._logs(job, "err"), Path(job["out"]))
-        stuck = next(j for j in self.jobs if not all(self._statuses(j)))
         how = (f"the batch timed out after {self.timeout:.0f} s" if self.launcher_rc is None
                else f"the launcher exited with {self.launcher_rc}")
-        if stuck is job:
+        if Path(job["log_dir"]).is_dir():
             pytest.fail(f"accelerate job {name!r} did not finish on every rank (statuses {statuses}): it hung or "
                         f"crashed and {how}.\n--- its stderr ---\n{self._logs(job, 'err')[-3000:]}"
                         f"\n--- launcher ---\n{self.launcher_log[-2000:]}", pytrace=False)
-        pytest.fail(f"accelerate job {name!r} never ran: the batch stopped in job {stuck['name']!r} ({how})",
-                    pytrace=False)
+        started = [j["name"] for j in self.jobs if Path(j["log_dir"]).is_dir()]
+        pytest.fail(f"accelerate job {name!r} never ran: the batch stopped in job "
+                    f"{started[-1] if started else None!r} ({how})", pytrace=False)
 
 
 @pytest.fixture(scope="session")

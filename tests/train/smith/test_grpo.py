@@ -98,7 +98,7 @@ def test_one_grpo_step_trains_use_rows_with_the_pooled_tool(tmp_path, tiny_model
     assert sum(abs(a) < 1e-3 for a in adv) == 4
 
 
-@pytest.mark.slow  # two processes, ~2 min on the shared CPU
+@pytest.mark.slow  # two processes: a job of the one accelerate launch the suite shares (conftest)
 @needs_sandbox
 @pytest.mark.accelerate_job("smith_split_prompts")  # --per_device_train_batch_size 3 --save_strategy no
 def test_two_ranks_agree_on_each_steps_use_prompts(accelerate_batch):
