@@ -354,6 +354,7 @@ def pytest_configure(config):
                                        "fixture (ACCELERATE_JOBS in tests/conftest.py)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook, which reads xdist_group into the node ids
 def pytest_collection_modifyitems(config, items):
     """With ``pytest -n 2 --dist loadgroup`` (``make test``): a test file runs on one worker, so its module
     fixtures (models, engines, servers) are built once, every test that uses the session's vLLM server runs on
