@@ -356,16 +356,30 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker hook, which reads xdist_group into the node ids
 def pytest_collection_modifyitems(config, items):
-    """With ``pytest -n 2 --dist loadgroup`` (``make test``): a test file runs on one worker, so its module
-    fixtures (models, engines, servers) are built once, every test that uses the session's vLLM server runs on
-    the same worker, so that engine starts once, and so does every test of the accelerate batch, so that it
-    launches once. The first of those pays for the whole batch: its time limit covers the batch's."""
+    """With ``pytest -n 2 --dist loadgroup`` (``make test``): a file whose tests share a module fixture
+    (models, engines, servers) runs on one worker, so the fixture is built once; every test that uses the
+    session's vLLM server runs on the same worker, so that engine starts once, and so does every test of the
+    accelerate batch, so that it launches once (the first of those pays for the whole batch: its time limit
+    covers the batch's). Every other test goes to whichever worker is free, which keeps the two workers busy
+    to the end instead of waiting on the longest file."""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         if "accelerate_batch" in fixtures and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(sum(t for *_, t in ACCELERATE_JOBS.values()) + 2 * ACCELERATE_SLACK_S))
         if item.get_closest_marker("xdist_group"):
             continue
-        group = ("vllm_server" if "vllm_server" in fixtures else "accelerate" if "accelerate_batch" in fixtures
-                 else item.nodeid.split("::")[0])
+        if "vllm_server" in fixtures:
+            group = "vllm_server"
+        elif "accelerate_batch" in fixtures:
+            group = "accelerate"
+        elif _uses_module_fixture(item):
+            group = item.nodeid.split("::")[0]
+        else:
+            continue
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _uses_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d.scope in ("module", "class", "package") for chain in defs for d in chain)
