@@ -104,32 +104,14 @@ def materialize_alias(alias: str, *, verbose: bool = False) -> Path:
 
 
 def _convert(spec, gguf_dir: Path, target: Path, alias: str, verbose: bool) -> Path:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     if verbose:
         print(f"[llmkit] converting {spec.gguf_file} to safetensors in {target} (once, ~20 s)", flush=True)
     t0 = time.time()
     tmp = Path(tempfile.mkdtemp(prefix=f".{alias}.partial-", dir=target.parent))
     try:
-        q_model = AutoModelForCausalLM.from_pretrained(
-            str(gguf_dir), gguf_file=spec.gguf_file, torch_dtype=torch.float32
-        )
-        tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=spec.gguf_file)
-        config = AutoConfig.from_pretrained(str(gguf_dir), gguf_file=spec.gguf_file)
-        if hasattr(config, "quantization_config"):
-            delattr(config, "quantization_config")
-        config.torch_dtype = "float32"
-        fresh = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
-        missing, unexpected = fresh.load_state_dict(q_model.state_dict(), strict=False)
-        missing = [k for k in missing if not k.endswith("lm_head.weight")]
-        if missing or unexpected:
-            raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
-        if getattr(config, "tie_word_embeddings", False):
-            fresh.tie_weights()
-        fresh.generation_config = q_model.generation_config
-        fresh.save_pretrained(tmp, safe_serialization=True)
+        model, tok = _from_gguf(gguf_dir, spec.gguf_file)
+        model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        del q_model
         if target.exists():  # a complete-looking check failed: stale or broken folder
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -139,6 +121,29 @@ def _convert(spec, gguf_dir: Path, target: Path, alias: str, verbose: bool) -> P
     if verbose:
         print(f"[llmkit] converted in {time.time() - t0:.1f} s", flush=True)
     return target
+
+
+def _from_gguf(gguf_dir: Path, gguf_file: str):
+    """``(model, tokenizer)``: the GGUF's dequantized weights in a fresh, trainable model of the same config.
+
+    Apart from ``_convert``'s write-and-rename, so that the rename can be tested on a small stand-in model."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    q_model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf_file, torch_dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
+    config = AutoConfig.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    config.torch_dtype = "float32"
+    fresh = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    missing, unexpected = fresh.load_state_dict(q_model.state_dict(), strict=False)
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    if getattr(config, "tie_word_embeddings", False):
+        fresh.tie_weights()
+    fresh.generation_config = q_model.generation_config
+    return fresh, tok
 
 
 def resolve(name_or_path: str | None) -> str:

@@ -30,7 +30,7 @@ def test_prompt_style_lm_eval_sends_the_contexts_simple_evaluate_sends(shared_da
     from lm_eval.api.model import LM
     from lm_eval.api.registry import register_model
 
-    from llmkit.evals.lmeval import LmEvalGSM8K, lmeval_task
+    from llmkit.evals.lmeval import LmEvalGSM8K, lmeval_task, lmeval_task_manager
 
     seen = []
 
@@ -47,7 +47,8 @@ def test_prompt_style_lm_eval_sends_the_contexts_simple_evaluate_sends(shared_da
             return ["" for _ in requests]
 
     data = shared_data / "gsm8k" / "test.jsonl"
-    lm_eval.simple_evaluate(model="llmkit-test-recorder", tasks=[lmeval_task("gsm8k", data)], limit=4)
+    lm_eval.simple_evaluate(model="llmkit-test-recorder", tasks=[lmeval_task("gsm8k", data)], limit=4,
+                            task_manager=lmeval_task_manager())
     task = LmEvalGSM8K()
     rows = task.load(data, limit=4)
     assert sorted(seen) == sorted(task.render(None, r) for r in rows)
@@ -111,14 +112,16 @@ def test_llmkit_is_an_lm_eval_model(tmp_path):
 @pytest.mark.timeout(1800)
 def test_lm_eval_through_llmkit_serve_equals_llmkit_eval_prompt_style_lm_eval(shared_data, tmp_path):
     """lm-eval's gsm8k task (its local-completions model talking to `llmkit serve`) and
-    `llmkit eval --prompt-style lm-eval` give the same answers and scores on the same 20 problems."""
+    `llmkit eval --prompt-style lm-eval` give the same answers and scores on the same problems, each with
+    lm-eval's full 5-shot context. Four problems show path equality as well as twenty (each costs a ~900-token
+    prefill on one thread per path); the per-problem scores are compared too, not only their means."""
     import lm_eval
 
     from llmkit.cli import main
-    from llmkit.evals.lmeval import lmeval_task
+    from llmkit.evals.lmeval import lmeval_task, lmeval_task_manager
     from llmkit.experiments.harness import ServeProcess
 
-    limit, toks = 20, 32
+    limit, toks = 4, 32
     out = tmp_path / "llmkit"
     assert main(["eval", "gsm8k", "--prompt-style", "lm-eval", "--data", str(shared_data / "gsm8k" / "test.jsonl"),
                  "--limit", str(limit), "--max-new-tokens", str(toks), "--batch-size", "1", "--output",
@@ -133,11 +136,16 @@ def test_lm_eval_through_llmkit_serve_equals_llmkit_eval_prompt_style_lm_eval(sh
             model="local-completions",
             model_args={"base_url": f"{server.url}/v1/completions", "model": "smollm2-135m-instruct",
                         "tokenizer_backend": None, "tokenized_requests": False, "num_concurrent": 1},
-            tasks=[task], limit=limit, gen_kwargs=f"max_gen_toks={toks}", log_samples=True)
+            tasks=[task], limit=limit, gen_kwargs=f"max_gen_toks={toks}", log_samples=True,
+            task_manager=lmeval_task_manager())
     name = next(iter(res["results"]))
     theirs = res["results"][name]
     samples = sorted(res["samples"][name], key=lambda s: s["doc_id"])
     strict = [s for s in samples if s["filter"] == "strict-match"]
+    flexible = [s for s in samples if s["filter"] == "flexible-extract"]
     assert [s["resps"][0][0] for s in strict] == [r["output"] for r in our_rows]
+    # with few problems a mean can agree by chance; each problem's grade under both filters must agree
+    assert [s["exact_match"] for s in strict] == [r["score"]["strict_match"] for r in our_rows]
+    assert [s["exact_match"] for s in flexible] == [r["score"]["flexible_extract"] for r in our_rows]
     assert theirs["exact_match,strict-match"] == pytest.approx(ours["metrics"]["strict_match"])
     assert theirs["exact_match,flexible-extract"] == pytest.approx(ours["metrics"]["flexible_extract"])

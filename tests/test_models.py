@@ -36,9 +36,30 @@ def test_bad_dtype_named():
         models.parse_dtype("float7")
 
 
-@pytest.mark.bundled
+def _stand_in_gguf(tmp_path, monkeypatch) -> list:
+    """The alias under a temporary LLMKIT_HOME, its "GGUF" a tiny model: what ``_convert`` does around the
+    conversion (temporary sibling, rename, lock) costs no 135M dequantization. Returns the conversions made."""
+    from llmkit.testing import tiny_llama, tiny_tokenizer
+
+    monkeypatch.setenv("LLMKIT_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(models, "_package_folder", lambda package: tmp_path)
+    (tmp_path / models.ALIASES[models.DEFAULT_MODEL].gguf_file).write_text("")
+    calls = []
+
+    def from_gguf(gguf_dir, gguf_file):
+        calls.append(gguf_file)
+        return tiny_llama(), tiny_tokenizer()
+
+    monkeypatch.setattr(models, "_from_gguf", from_gguf)
+    return calls
+
+
+def _no_second_conversion(*a, **kw):
+    raise AssertionError("a second resolve of the alias should read the cached safetensors")
+
+
 def test_alias_conversion_is_atomic_and_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("LLMKIT_HOME", str(tmp_path))
+    calls = _stand_in_gguf(tmp_path, monkeypatch)
     from transformers import PreTrainedModel
 
     real_save = PreTrainedModel.save_pretrained
@@ -51,29 +72,43 @@ def test_alias_conversion_is_atomic_and_cached(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         models.materialize_alias(models.DEFAULT_MODEL)
     target = models.alias_dir(models.DEFAULT_MODEL)
+    assert calls, "the interruption came before the conversion ran"
     assert not target.exists(), "an interrupted conversion left a folder at the final path"
-    assert list((tmp_path / "models").glob(".*partial*")) == []
+    assert list(target.parent.glob(".*partial*")) == []
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", real_save)
 
     # a stale, broken folder at the final path (e.g. from an older tool) is also recovered
     target.mkdir(parents=True)
     (target / "config.json").write_text("{}")
-    model, tok = models.load(models.DEFAULT_MODEL)
-    assert model.config.model_type == "llama" and model.num_parameters() > 100e6
-    assert any(target.glob("*.safetensors"))
+    model, _ = models.load(models.DEFAULT_MODEL)
+    assert model.config.model_type == "llama" and len(calls) == 2
+    assert any(target.glob("*.safetensors")) and list(target.parent.glob(".*partial*")) == []
 
-    def no_second_conversion(*a, **kw):
-        raise AssertionError("second load of the alias should read the cached safetensors")
+    monkeypatch.setattr(models, "_convert", _no_second_conversion)
+    assert models.resolve(models.DEFAULT_MODEL) == str(target)
 
-    monkeypatch.setattr(models, "_convert", no_second_conversion)
-    model2, _ = models.load(models.DEFAULT_MODEL)
-    # trainable: a gradient step works on the converted weights
+
+@pytest.mark.bundled
+def test_bundled_gguf_converts_to_a_trainable_cached_checkpoint(tmp_path, monkeypatch):
+    """The real conversion of the 135M GGUF, once (the stand-in test above covers interruption and recovery)."""
     import torch
 
+    # where the user's cache lacks the alias (a fresh machine) this conversion is the one the rest of the
+    # session reuses; where it holds it, one under tmp_path, so every run converts the real GGUF once
+    if models._is_complete(models.alias_dir(models.DEFAULT_MODEL)):
+        monkeypatch.setenv("LLMKIT_HOME", str(tmp_path))
+    model, tok = models.load(models.DEFAULT_MODEL)
+    target = models.alias_dir(models.DEFAULT_MODEL)
+    assert model.config.model_type == "llama" and model.num_parameters() > 100e6
+    assert any(target.glob("*.safetensors")) and "quantization_config" not in model.config.to_dict()
+
+    monkeypatch.setattr(models, "_convert", _no_second_conversion)
+    assert models.resolve(models.DEFAULT_MODEL) == str(target)
+    # trainable: a gradient step works on the converted weights, read back from the saved safetensors
     ids = tok("12 + 30 =", return_tensors="pt").input_ids
-    loss = model2(ids, labels=ids).loss
+    loss = model(ids, labels=ids).loss
     loss.backward()
-    assert torch.isfinite(loss) and model2.model.embed_tokens.weight.grad is not None
+    assert torch.isfinite(loss) and model.model.embed_tokens.weight.grad is not None
 
 
 @pytest.mark.bundled

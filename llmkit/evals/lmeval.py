@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import tempfile
@@ -54,7 +55,20 @@ def lmeval_task(task: str, test_file: str | Path, train_file: str | Path | None 
     folder = Path(tempfile.mkdtemp(prefix="llmkit-lmeval-"))
     (folder / f"{name}.yaml").write_text(_TASK_YAML.format(include=include, name=name, train=train_file,
                                                            test=test_file))
-    return get_task_dict([name], TaskManager(include_path=str(folder)))[name]
+    # our YAML names lm-eval's by path (include:), so the index of its ~14,000 built-in task YAMLs, which
+    # TaskManager parses by default (30-50 s on one core), is never consulted
+    return get_task_dict([name], TaskManager(include_path=str(folder), include_defaults=False))[name]
+
+
+@functools.cache
+def lmeval_task_manager():
+    """A TaskManager to hand ``lm_eval.simple_evaluate(tasks=[lmeval_task(...)], task_manager=...)``.
+
+    Given none, simple_evaluate indexes every built-in task YAML (30-50 s on one core) even when its tasks are
+    task objects, which it passes through without a lookup; this one indexes nothing, once per process."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_defaults=False)
 
 
 def lmeval_contexts(task, limit: int | None) -> list[tuple[dict, str, dict]]:
