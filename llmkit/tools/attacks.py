@@ -4,7 +4,8 @@ Each attack plants something on the host (a secret file under the host's /tmp an
 environment variable, a process with a secret on its command line, a listener on 127.0.0.1), runs hostile code
 through :func:`llmkit.tools.sandbox.run_function`, and then checks from the host: the secret is not in anything
 the call returned, no file outside appeared or changed, the listener accepted nothing, no process the code
-started is still alive, and the call came back within its timeout plus a margin. ``tests/tools/test_sandbox.py``
+started is still alive, and the call came back within its timeout plus a margin (on a loaded host,
+plus what a call doing nothing takes then: see :func:`_allowed_s`). ``tests/tools/test_sandbox.py``
 runs every attack; ``bench/smith.py`` counts escapes (must be 0).
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from llmkit.tools.sandbox import Limits, Result, run_function
 
-MARGIN_S = 3.0  # allowed beyond the timeout: sandbox start, kill, namespace teardown
+MARGIN_S = 3.0  # allowed beyond the timeout: sandbox start, kill, namespace teardown (on an idle host)
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Outcome:
     detail: str
     wall_s: float
     result: Result
+    allowed_s: float = 0.0  # the wall time the call was held to (see run_attacks)
 
 
 class _Host:
@@ -258,6 +260,29 @@ def _wait_gone(marker: str) -> str:
     return f"processes still alive after the call: {left}"
 
 
+_IDLE = "def f():\n    return None\n"
+
+
+def _allowed_s(wall: float, limits: Limits, unsafe: bool) -> float:
+    """The wall time an attack's call may take: its timeout plus :data:`MARGIN_S`, plus, only when it took
+    longer than that, what a call that does nothing costs right now (the slower of two).
+
+    Starting and tearing down a sandbox (fork, namespaces, Python's start-up) happens before the attack's code
+    is loaded or after it is killed, so the code cannot stretch it; on a loaded host it alone takes seconds.
+    Measured only past the idle-host bound, so on an idle host the bound stays tight, and a call the sandbox
+    failed to cut short still overruns: a wait on a process nobody killed is not in an idle call's time.
+    """
+    allowed = limits.timeout + MARGIN_S
+    if wall <= allowed:
+        return allowed
+    idle = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        run_function(_IDLE, "f", {}, limits, unsafe=unsafe)
+        idle.append(time.perf_counter() - t0)
+    return allowed + max(idle)
+
+
 ATTACK_NAMES = ("read_host_tmp", "list_host_dirs", "read_env", "read_other_proc", "write_outside", "fill_disk",
                 "socket_localhost", "fork_bomb", "memory_bomb", "infinite_loop", "gigabytes_of_output",
                 "child_outlives")
@@ -280,8 +305,9 @@ def run_attacks(names: tuple[str, ...] | None = None, limits: Limits | None = No
             problems = []
             if h.leaked(r):
                 problems.append("the secret came back in the result")
-            if wall > limits.timeout + MARGIN_S:
-                problems.append(f"took {wall:.1f}s (timeout {limits.timeout}s)")
+            allowed = _allowed_s(wall, limits, unsafe)
+            if wall > allowed:
+                problems.append(f"took {wall:.1f}s (timeout {limits.timeout}s, allowed {allowed:.1f}s)")
             extra = check(r)
             if extra:
                 problems.append(extra)
@@ -291,7 +317,7 @@ def run_attacks(names: tuple[str, ...] | None = None, limits: Limits | None = No
                    if p.startswith("llmkit-written")}
             if new:
                 problems.append(f"new files in the host's /tmp: {sorted(new)}")
-            out.append(Outcome(name, not problems, "; ".join(problems) or "contained", wall, r))
+            out.append(Outcome(name, not problems, "; ".join(problems) or "contained", wall, r, allowed))
     finally:
         h.close()
     return out

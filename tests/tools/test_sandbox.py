@@ -38,7 +38,26 @@ def outcomes():
 def test_attack_is_contained(outcomes, name):
     o = outcomes[name]
     assert o.contained, f"{name}: {o.detail}"
-    assert o.wall_s <= LIMITS.timeout + MARGIN_S
+    # on a loaded host the allowance grows by what a call doing nothing costs then (see attacks._allowed_s)
+    assert LIMITS.timeout + MARGIN_S <= o.allowed_s and o.wall_s <= o.allowed_s
+
+
+@pytest.mark.parametrize("idle_s, contained", [(0.0, False), (0.7, True)])
+def test_an_overrun_is_excused_only_when_an_idle_call_is_as_slow(monkeypatch, idle_s, contained):
+    """The time verdict with the sandbox stubbed: an attack call 0.2 s over its bound is an escape when a call
+    doing nothing is quick (an idle host), and is not when that call is slower still (a loaded host)."""
+    from llmkit.tools import attacks
+
+    def stub(code, function, args=None, limits=None, *, unsafe=False):
+        time.sleep(idle_s if code == attacks._IDLE else 0.3)
+        return sandbox.Result(ok=True, value=["FileNotFoundError"] * 4)
+
+    monkeypatch.setattr(attacks, "run_function", stub)
+    monkeypatch.setattr(attacks, "MARGIN_S", 0.0)  # the bound is then the 0.1 s timeout: the test sleeps little
+    (o,) = run_attacks(("read_host_tmp",), sandbox.Limits(timeout=0.1))
+    assert o.contained is contained, o.detail
+    assert ("took" in o.detail) is not contained
+    assert o.wall_s >= 0.3 and (o.wall_s <= o.allowed_s) is contained
 
 
 def test_attacks_fail_for_the_right_reason(outcomes):
