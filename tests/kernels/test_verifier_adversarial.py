@@ -10,7 +10,6 @@ run: the comparison, the static check, the refusal without a sandbox, and the ra
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,8 @@ from llmkit.tools import sandbox
 
 EXPLOITS = Path(__file__).resolve().parent / "exploits"
 needs_sandbox = pytest.mark.skipif(not sandbox.check_available()[0], reason="bubblewrap cannot run here")
+# one xdist worker for this file and test_workbench.py: they share the verifier runs of tests/kernels/conftest.py
+pytestmark = pytest.mark.xdist_group("kernel_verifier")
 
 # what each exploit must be rejected for (a substring of its reasons)
 EXPECTED = {
@@ -43,13 +44,15 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def outcomes():
+def outcomes(verify_runs):
+    """Every exploit's verdict and a good kernel's beside them (still accepted), all through the shared pool
+    of verifier runs (tests/kernels/conftest.py): each still in its own sandboxed process."""
     ref, good = FIXTURES / "ref_softmax.py", FIXTURES / "good_softmax.py"
-    with ThreadPoolExecutor(max_workers=1) as pool:  # a good kernel beside the exploits: still accepted
-        sandboxed = pool.submit(verify, ref, good, "hopper", "bf16", trials=1, timeout=300)
-        unsafe = pool.submit(verify, ref, good, "hopper", "bf16", trials=1, timeout=300, unsafe=True)
-        res = run_exploits(EXPLOITS, "hopper", trials=1, timeout=300, parallel=3)
-        return res, sandboxed.result(), unsafe.result()
+    sandboxed = verify_runs.submit(ref, good, "hopper", "bf16", trials=1, timeout=300)
+    unsafe = verify_runs.submit(ref, good, "hopper", "bf16", trials=1, timeout=300, unsafe=True)
+    res = run_exploits(EXPLOITS, "hopper", parallel=3,
+                       verify_fn=lambda r, c: verify_runs(r, c, "hopper", "bf16", trials=1, timeout=300))
+    return res, sandboxed.result(), unsafe.result()
 
 
 def test_every_exploit_has_an_expectation():

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,8 @@ from llmkit.kernels.workbench.verify import VerifyInputError, static_check, veri
 FIX = Path(__file__).resolve().parents[2] / "llmkit" / "kernels" / "workbench" / "fixtures"
 ROOT = Path(__file__).resolve().parents[2]
 BAD = ["bad_example_shape", "bad_zero", "bad_cached", "bad_torch_fallback", "bad_infinite_loop"]
+# one xdist worker for this file and test_verifier_adversarial.py: they share the verifier runs of conftest.py
+pytestmark = pytest.mark.xdist_group("kernel_verifier")
 
 
 # ------------------------------------------------------------------------------------ taxonomy
@@ -256,12 +257,23 @@ def test_candidate_without_modelnew_is_rejected_without_running(tmp_path):
 # ------------------------------------------------------------------------------------ verifier: runs
 
 
-def _run_all(pairs, timeout=300.0):
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futs = {name: pool.submit(verify, FIX / f"{ref}.py", FIX / f"{name}.py", "hopper", prec, trials=1,
-                                  timeout=30 if name == "bad_infinite_loop" else timeout)
-                for name, ref, prec in pairs}
-        return {k: f.result() for k, f in futs.items()}
+GOOD = [("good_softmax", "ref_softmax", "bf16"), ("good_linear_gelu", "ref_linear_gelu", "bf16"),
+        ("cand_zo_perturb", "ref_zo_perturb", "fp32")]
+
+
+@pytest.fixture(scope="module")
+def candidate_runs(verify_runs):
+    """{name: Future of verify's result} for the bad and the good candidates, all submitted at once to the
+    shared pool of verifier runs (tests/kernels/conftest.py), so the two tests below overlap. The infinite
+    loop goes first: it holds its slot for its whole timeout, and the others pass through the other two."""
+    todo = sorted([(b, "ref_softmax", "bf16") for b in BAD] + GOOD, key=lambda t: t[0] != "bad_infinite_loop")
+    return {name: verify_runs.submit(FIX / f"{ref}.py", FIX / f"{name}.py", "hopper", prec, trials=1,
+                                     timeout=30 if name == "bad_infinite_loop" else 300.0)
+            for name, ref, prec in todo}
+
+
+def _results(candidate_runs, names):
+    return {name: candidate_runs[name].result() for name in names}
 
 
 def test_timing_reference_is_a_cast_copy_and_timing_failures_are_recorded():
@@ -297,8 +309,8 @@ def test_timing_reference_is_a_cast_copy_and_timing_failures_are_recorded():
 
 
 @pytest.mark.slow
-def test_verifier_rejects_every_bad_candidate_for_its_own_reason():
-    res = _run_all([(b, "ref_softmax", "bf16") for b in BAD])
+def test_verifier_rejects_every_bad_candidate_for_its_own_reason(candidate_runs):
+    res = _results(candidate_runs, BAD)
     for name, r in res.items():
         assert r["correct"] is False, name
         assert set(r) >= {"compiled", "correct", "max_abs_err", "max_rel_err", "strategies", "speedup", "reasons"}
@@ -311,9 +323,8 @@ def test_verifier_rejects_every_bad_candidate_for_its_own_reason():
 
 
 @pytest.mark.slow
-def test_verifier_accepts_good_candidates_and_reports_strategies():
-    res = _run_all([("good_softmax", "ref_softmax", "bf16"), ("good_linear_gelu", "ref_linear_gelu", "bf16"),
-                    ("cand_zo_perturb", "ref_zo_perturb", "fp32")])
+def test_verifier_accepts_good_candidates_and_reports_strategies(candidate_runs):
+    res = _results(candidate_runs, [name for name, _, _ in GOOD])
     for name, r in res.items():
         assert r["correct"] and r["compiled"] and r["reasons"] == [], (name, r["reasons"])
         assert r["shapes_checked"] >= 2  # the example and at least one other shape
