@@ -5,6 +5,7 @@ bench/results is written."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -22,6 +23,10 @@ def test_merge_reports_use_fraction_student_and_intervals(tmp_path, repo_root, t
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     monkeypatch.setattr(bench, "RESULTS", tmp_path / "results")
+    # the quick preset with 2 questions per family and 8 new tokens: the frozen student's six evaluations on a
+    # random model were most of this test's time, and the merge does the same with any sizes
+    small = dataclasses.replace(ex.Preset.of(True), n=2, max_new=8)
+    monkeypatch.setattr(ex.Preset, "of", staticmethod(lambda quick: small if quick else None))
     work = tmp_path / "work" / "quick"
     (work / "warm").mkdir(parents=True)
     tiny_model.save_pretrained(work / "warm" / "model")
@@ -39,7 +44,7 @@ def test_merge_reports_use_fraction_student_and_intervals(tmp_path, repo_root, t
            "sample_replies": {}, "reference_sample_replies": None,
            "run": {"seconds": 1.0, "pool_size": 2, "pool_growth": [], "heldout_builds": {},
                    "policy_no_tools_macro": None, "curves": {"use_fraction": [[1, 2], [0.5, 0.5]]}}}
-    store = ex.parts_store(work, ex.Preset.of(True))
+    store = ex.parts_store(work, small)
     for name, d in (("base", base), ("warm", {"build_verified_rate_before": 0.0}), ("smith", run)):
         store.save(f"part_{name}", d)
     heldout_fam = tasks.get(fams[0])
@@ -54,7 +59,7 @@ def test_merge_reports_use_fraction_student_and_intervals(tmp_path, repo_root, t
     student = res["student"]
     assert student["smith_heldout_tools"] == [fams[0]] and "before GRPO" in student["model"]
     for k in ("smith_tools", "untrained_tools", "reference_tools", "no_tools"):
-        assert set(student[k]["n_per_family"].values()) == {4} and len(student[k]["macro_ci"]) == 2
+        assert set(student[k]["n_per_family"].values()) == {small.n} and len(student[k]["macro_ci"]) == 2
         assert f"student_{k}" in res["conditions"]
     assert isinstance(student["reference_tools"]["call_parse_rate"], float)
     assert res["student_training_pool"]["families"] == ["lcm"]  # only GRPO's own verified tools
