@@ -3,8 +3,8 @@
 Each ``verify`` starts its own sandboxed process (a fresh torch + triton import, then Triton's interpreter);
 that isolation is what the tests check, so it is kept. What is shared: the pool (three runs at a time, the
 same for every file, so one file's runs never stack on another's), and a run asked for twice with the same
-arguments (the good softmax, which both files verify), which runs once. Both files are one xdist group so
-that, under ``make test``, the two share one worker and therefore this cache.
+arguments (the good softmax, which both files verify), which runs once. The tests that use it are one xdist
+group (``kernel_verifier``), so under ``make test`` they share one worker and therefore these runs.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
-GROUP = "kernel_verifier"  # the xdist group of the files that use `verify_runs`
 
 
 class VerifyRuns:

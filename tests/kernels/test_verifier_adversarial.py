@@ -22,8 +22,9 @@ from llmkit.tools import sandbox
 
 EXPLOITS = Path(__file__).resolve().parent / "exploits"
 needs_sandbox = pytest.mark.skipif(not sandbox.check_available()[0], reason="bubblewrap cannot run here")
-# one xdist worker for this file and test_workbench.py: they share the verifier runs of tests/kernels/conftest.py
-pytestmark = pytest.mark.xdist_group("kernel_verifier")
+# the tests of this file and test_workbench.py that use the verifier runs of tests/kernels/conftest.py share
+# one xdist worker, and with it those runs; the rest of each file runs where xdist puts it
+same_worker = pytest.mark.xdist_group("kernel_verifier")
 
 # what each exploit must be rejected for (a substring of its reasons)
 EXPECTED = {
@@ -61,6 +62,7 @@ def test_every_exploit_has_an_expectation():
 
 @needs_sandbox
 @pytest.mark.slow
+@same_worker
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_exploit_is_rejected_and_contained(outcomes, name):
     o = outcomes[0][name]
@@ -71,6 +73,7 @@ def test_exploit_is_rejected_and_contained(outcomes, name):
 
 @needs_sandbox
 @pytest.mark.slow
+@same_worker
 def test_good_kernel_is_still_accepted_beside_the_exploits(outcomes):
     r = outcomes[1]
     assert r["correct"] and r["reasons"] == [] and r["sandboxed"] and r["flags"] == []

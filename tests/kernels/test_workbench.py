@@ -22,8 +22,9 @@ from llmkit.kernels.workbench.verify import VerifyInputError, static_check, veri
 FIX = Path(__file__).resolve().parents[2] / "llmkit" / "kernels" / "workbench" / "fixtures"
 ROOT = Path(__file__).resolve().parents[2]
 BAD = ["bad_example_shape", "bad_zero", "bad_cached", "bad_torch_fallback", "bad_infinite_loop"]
-# one xdist worker for this file and test_verifier_adversarial.py: they share the verifier runs of conftest.py
-pytestmark = pytest.mark.xdist_group("kernel_verifier")
+# the verifier tests here and in test_verifier_adversarial.py share one xdist worker, and with it the runs of
+# tests/kernels/conftest.py; the rest of each file runs where xdist puts it
+same_worker = pytest.mark.xdist_group("kernel_verifier")
 
 
 # ------------------------------------------------------------------------------------ taxonomy
@@ -309,6 +310,7 @@ def test_timing_reference_is_a_cast_copy_and_timing_failures_are_recorded():
 
 
 @pytest.mark.slow
+@same_worker
 def test_verifier_rejects_every_bad_candidate_for_its_own_reason(candidate_runs):
     res = _results(candidate_runs, BAD)
     for name, r in res.items():
@@ -323,6 +325,7 @@ def test_verifier_rejects_every_bad_candidate_for_its_own_reason(candidate_runs)
 
 
 @pytest.mark.slow
+@same_worker
 def test_verifier_accepts_good_candidates_and_reports_strategies(candidate_runs):
     res = _results(candidate_runs, [name for name, _, _ in GOOD])
     for name, r in res.items():
