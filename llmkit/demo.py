@@ -39,22 +39,22 @@ def say(msg: str) -> None:
     print(f"\n=== {msg}", flush=True)
 
 
-def step_chat(engine) -> dict:
+def step_chat(engine, max_new_tokens: int = 64) -> dict:
     from llmkit.generation import GenerationParams
 
     say("1. chat: one greedy answer")
     q = "Explain in one sentence why the sky is blue."
     out = engine.generate([engine.chat_prompt([{"role": "user", "content": q}])],
-                          GenerationParams(max_new_tokens=64))[0][0]
+                          GenerationParams(max_new_tokens=max_new_tokens))[0][0]
     print(f"Q: {q}\nA: {out.text.strip()}")
     return {"question": q, "answer": out.text}
 
 
-def step_gsm8k(engine, out_dir: Path, limit: int) -> dict:
+def step_gsm8k(engine, out_dir: Path, limit: int, max_new_tokens: int = 256) -> dict:
     from llmkit.evals import run_eval
 
     say(f"2. GSM8K check: {limit} test problems, zero-shot, greedy, transformers engine")
-    summary = run_eval("gsm8k", engine, data=str(GSM8K_SAMPLE), limit=limit, max_new_tokens=256,
+    summary = run_eval("gsm8k", engine, data=str(GSM8K_SAMPLE), limit=limit, max_new_tokens=max_new_tokens,
                        output_dir=out_dir)
     metrics = summary.get("metrics", {})
     print("GSM8K accuracy: " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items())
@@ -62,7 +62,7 @@ def step_gsm8k(engine, out_dir: Path, limit: int) -> dict:
     return summary
 
 
-def step_kv(model, tok) -> dict:
+def step_kv(model, tok, max_new_tokens: int = 48) -> dict:
     import torch
 
     from llmkit.evals.tasks import get_task
@@ -76,21 +76,21 @@ def step_kv(model, tok) -> dict:
     enc = tok(prompt, return_tensors="pt", add_special_tokens=False)
     n_prompt = enc.input_ids.shape[1]
     with torch.inference_mode():
-        plain = model.generate(**enc, max_new_tokens=48, do_sample=False)
+        plain = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
         cache = InQuantCache(model.config)
-        quant = model.generate(**enc, max_new_tokens=48, do_sample=False, past_key_values=cache)
+        quant = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, past_key_values=cache)
     held, bf16 = cache.nbytes(), cache.bf16_nbytes()
     same = torch.equal(plain, quant)
     n = min(plain.shape[1], quant.shape[1])
     diverge = next((i - n_prompt for i in range(n_prompt, n) if plain[0, i] != quant[0, i]), n - n_prompt)
-    print(f"prompt {n_prompt} tokens + 48 generated; KV cache held {held['total'] / 2**20:.2f} MiB "
+    print(f"prompt {n_prompt} tokens + {max_new_tokens} generated; KV cache held {held['total'] / 2**20:.2f} MiB "
           f"(4-bit groups of 128 tokens + the newest tokens in full precision) vs {bf16 / 2**20:.2f} MiB "
           f"in bf16: {bf16 / held['total']:.2f}x smaller")
     texts = [tok.decode(g[0, n_prompt:], skip_special_tokens=True).strip() for g in (plain, quant)]
     if same:
         print(f"greedy answer identical with both caches: {texts[0][:120]!r}")
     else:
-        print(f"greedy answers agree on the first {diverge} of 48 tokens, then differ (4-bit keys/values shift "
+        print(f"greedy answers agree on the first {diverge} of {max_new_tokens} tokens, then differ (4-bit keys/values shift "
               f"near-tied logits; bench/kv_cache.py measures perplexity and GSM8K accuracy):\n"
               f"   default: {texts[0][:120]!r}\n   inquant: {texts[1][:120]!r}")
     return {"prompt_tokens": n_prompt, "kv_bytes": held, "bf16_bytes": bf16, "same_answer": same,
@@ -115,7 +115,8 @@ def guard_cases(iheval_root: str | None) -> tuple[str, list[dict], list[dict]]:
             [s for s in samples if s["setting"] == "conflict"])
 
 
-def step_guarded_serving(engine, model_name: str, out_dir: Path, n_fit: int, cases) -> dict:
+def step_guarded_serving(engine, model_name: str, out_dir: Path, n_fit: int, cases,
+                         max_new_tokens: int = 48) -> dict:
     import httpx
 
     from llmkit.engines.hf import HFEngine
@@ -130,7 +131,7 @@ def step_guarded_serving(engine, model_name: str, out_dir: Path, n_fit: int, cas
     fit, (probe_ok, probe_bad) = aligned[:n_fit], (aligned[n_fit], conflict[n_fit])
     msgs = [s["messages"] for s in fit]
     t0 = time.time()
-    outs = engine.generate([engine.chat_prompt(m) for m in msgs], GenerationParams(max_new_tokens=48))
+    outs = engine.generate([engine.chat_prompt(m) for m in msgs], GenerationParams(max_new_tokens=max_new_tokens))
     convs = [[*m, {"role": "assistant", "content": o[0].text}] for m, o in zip(msgs, outs)]
     guard = Guard.fit(engine.model, engine.tokenizer, convs, model_name=model_name, holdout=0.3)
     guard_dir = guard.save(out_dir / "guard")
@@ -144,7 +145,7 @@ def step_guarded_serving(engine, model_name: str, out_dir: Path, n_fit: int, cas
     with BackgroundServer(app) as srv:
         print(f"server up at {srv.url}/v1 (KV cache: inquant, guard: annotate)")
         for label, s in (("aligned", probe_ok), ("conflict (injected instruction)", probe_bad)):
-            body = {"model": model_name, "messages": s["messages"], "max_tokens": 48, "temperature": 0}
+            body = {"model": model_name, "messages": s["messages"], "max_tokens": max_new_tokens, "temperature": 0}
             r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=300)
             r.raise_for_status()
             choice = r.json()["choices"][0]
@@ -166,14 +167,16 @@ def step_guarded_serving(engine, model_name: str, out_dir: Path, n_fit: int, cas
 def step_recipe(out_dir: Path, steps: int, model_name: str) -> dict:
     say(f"5. recipe: {steps} HALO SFT steps on GSM8K (homotopy unfreezing, output layers first)")
     # the settings of recipes/configs/halo/smollm2_gsm8k_sft.yaml, given as flags so that the step also runs
-    # from an installed package; the packaged sample's 8 train problems are the training data
+    # from an installed package; the packaged sample's 8 train problems are the training data, and the eval set
+    # is as large as the training data used (8 test problems from the default 4 steps on). The recipe evaluates
+    # after training, so an eval at the last step would only compute the same loss twice.
     cmd = [sys.executable, "-m", "llmkit.cli", "train", "halo", "--model_name_or_path", model_name,
            "--dataset_name", str(GSM8K_SAMPLE / "train.jsonl"), "--eval_data", str(GSM8K_SAMPLE / "test.jsonl"),
            "--halo_method", "halo", "--halo_homotopy_fraction", "0.5", "--halo_ramp_width", "0.25",
            "--learning_rate", "1e-4", "--lr_scheduler_type", "constant", "--weight_decay", "0.0",
            "--max_steps", str(steps), "--per_device_train_batch_size", "2", "--per_device_eval_batch_size", "8",
            "--gradient_accumulation_steps", "1", "--max_length", "192", "--max_train_samples", str(2 * steps),
-           "--max_eval_samples", "8", "--eval_strategy", "steps", "--eval_steps", str(steps),
+           "--max_eval_samples", str(min(8, 2 * steps)), "--eval_strategy", "no",
            "--save_strategy", "steps", "--save_steps", str(steps), "--save_total_limit", "1",
            "--logging_steps", "1", "--warmup_steps", "0", "--report_to", "none", "--use_cpu", "true",
            "--bf16", "false", "--seed", "0", "--output_dir", str(out_dir / "halo")]
@@ -186,6 +189,8 @@ def step_recipe(out_dir: Path, steps: int, model_name: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from llmkit.cli_types import positive_int
+
     ap = argparse.ArgumentParser(prog="python -m llmkit.demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="default: the bundled smollm2-135m-instruct")
@@ -195,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="IHEval's benchmark/ folder: fit and probe the guard on it instead of the packaged "
                     "GSM8K injection set")
     ap.add_argument("--train-steps", type=int, default=4, help="HALO steps (default 4; 0 skips the recipe step)")
+    ap.add_argument("--max-new-tokens", type=positive_int, default=None, metavar="N",
+                    help="at most N generated tokens for the chat answer (default 64), the GSM8K answers (256) "
+                    "and the guard's and the server's answers (48); the KV cache step always generates 48, "
+                    "since the bytes its cache holds depend on them")
     ap.add_argument("--output", default=str(Path("runs") / "demo"), help="results folder (default runs/demo)")
     args = ap.parse_args(argv)
     from llmkit.cli import UserError
@@ -207,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.guard_fit < n_cases:
         ap.error(f"--guard-fit {args.guard_fit}: between 1 and {n_cases - 1} (the {cases[0]} has {n_cases} "
                  "prompts per setting, and one of each is kept for the two requests)")
+
+    def length(default: int) -> int:
+        return default if args.max_new_tokens is None else min(default, args.max_new_tokens)
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -222,10 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     say(f"0. loading {model_name}")
     engine = HFEngine(model_name)
     print(f"loaded in {time.time() - t0:.1f} s: {engine.model.num_parameters() / 1e6:.0f}M parameters")
-    results = {"model": model_name, "chat": step_chat(engine)}
-    results["gsm8k"] = step_gsm8k(engine, out_dir, args.limit)
+    results = {"model": model_name, "chat": step_chat(engine, length(64))}
+    results["gsm8k"] = step_gsm8k(engine, out_dir, args.limit, length(256))
+    # not capped: with fewer new tokens the 4-bit cache's last 128-token group is not full and it saves less
     results["kv_cache"] = step_kv(engine.model, engine.tokenizer)
-    results["guarded_serving"] = step_guarded_serving(engine, model_name, out_dir, args.guard_fit, cases)
+    results["guarded_serving"] = step_guarded_serving(engine, model_name, out_dir, args.guard_fit, cases,
+                                                      length(48))
     if args.train_steps > 0:
         results["recipe"] = step_recipe(out_dir, args.train_steps, model_name)
     results["wall_s"] = time.time() - t0

@@ -52,8 +52,9 @@ def test_guard_cases_come_from_the_package_unless_iheval_is_given():
 def test_demo_runs_every_step_outside_the_workspace(outside, tmp_path):
     root, env = outside
     out = tmp_path / "demo"
+    # at most 16 new tokens a step instead of up to 256 (the KV step keeps its 48): every step still generates
     proc = subprocess.run([sys.executable, "-m", "llmkit.demo", "--limit", "2", "--guard-fit", "8",
-                           "--train-steps", "2", "--output", str(out)],
+                           "--train-steps", "2", "--max-new-tokens", "16", "--output", str(out)],
                           check=False, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "no network in this test" not in proc.stdout + proc.stderr
@@ -62,6 +63,7 @@ def test_demo_runs_every_step_outside_the_workspace(outside, tmp_path):
     res = json.loads((out / "demo.json").read_text())
     assert res["chat"]["answer"].strip()
     assert res["gsm8k"]["n"] == 2 and set(res["gsm8k"]["metrics"]) >= {"strict_match", "flexible_extract"}
+    assert res["gsm8k"]["max_new_tokens"] == 16
     kv = res["kv_cache"]
     assert kv["prompt_tokens"] > 256 and kv["bf16_bytes"] / kv["kv_bytes"]["total"] > 2.5
     served = res["guarded_serving"]
@@ -72,3 +74,30 @@ def test_demo_runs_every_step_outside_the_workspace(outside, tmp_path):
     assert all(isinstance(r["leaked_secret"], bool) for r in reqs)
     assert (out / "guard" / "guard.json").is_file()
     assert res["recipe"]["global_step"] == 2 and (out / "halo" / "halo_results.json").is_file()
+
+
+def test_demo_steps_keep_their_generation_lengths_unless_capped(monkeypatch, tmp_path):
+    """`make demo` passes no flag: each step generates as much as before; --max-new-tokens only lowers that,
+    and not for the KV cache step, whose compression needs its 48 new tokens."""
+    import inspect
+    import types
+
+    import llmkit.engines.hf
+    import llmkit.models
+    from llmkit import demo
+
+    engine = types.SimpleNamespace(model=types.SimpleNamespace(num_parameters=lambda: 1), tokenizer=None)
+    monkeypatch.setattr(llmkit.engines.hf, "HFEngine", lambda name: engine)
+    monkeypatch.setattr(llmkit.models, "materialize_alias", lambda *a, **k: None)
+    monkeypatch.setattr(demo, "step_chat", lambda e, n: n)
+    monkeypatch.setattr(demo, "step_gsm8k", lambda e, out, limit, n: n)
+    kv_default = inspect.signature(demo.step_kv).parameters["max_new_tokens"].default
+    monkeypatch.setattr(demo, "step_kv", lambda m, t, n=kv_default: n)
+    monkeypatch.setattr(demo, "step_guarded_serving", lambda e, name, out, fit, cases, n: n)
+    steps = ("chat", "gsm8k", "kv_cache", "guarded_serving")
+    for flags, lengths in (([], [64, 256, 48, 48]), (["--max-new-tokens", "100"], [64, 100, 48, 48]),
+                           (["--max-new-tokens", "16"], [16, 16, 48, 16])):
+        out = tmp_path / str(len(flags) and flags[1])
+        assert demo.main(["--train-steps", "0", "--output", str(out), *flags]) == 0
+        res = json.loads((out / "demo.json").read_text())
+        assert [res[k] for k in steps] == lengths and "recipe" not in res

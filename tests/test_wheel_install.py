@@ -72,7 +72,7 @@ def test_eval_gsm8k_on_the_packaged_sample(installed):
     sample = _run([str(bin_dir / "python"), "-c", "import llmkit.data as d; print(d.GSM8K_SAMPLE)"],
                   cwd=work, env=env).strip()
     assert sample.startswith(str(bin_dir.parent))
-    _run([str(bin_dir / "llmkit"), "eval", "gsm8k", "--limit", "2", "--data", sample, "--max-new-tokens", "64",
+    _run([str(bin_dir / "llmkit"), "eval", "gsm8k", "--limit", "2", "--data", sample, "--max-new-tokens", "16",
           "--output", "run"], cwd=work, env=env)
     summary = json.loads((work / "run" / "summary.json").read_text())["gsm8k"]
     assert summary["n"] == 2 and "flexible_extract" in summary["metrics"]
