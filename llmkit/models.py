@@ -127,15 +127,19 @@ def _from_gguf(gguf_dir: Path, gguf_file: str):
     """``(model, tokenizer)``: the GGUF's dequantized weights in a fresh, trainable model of the same config.
 
     Apart from ``_convert``'s write-and-rename, so that the rename can be tested on a small stand-in model."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    import copy
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     q_model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf_file, torch_dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
-    config = AutoConfig.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
+    # the loaded model's config is the GGUF's (parsing the file again costs as much as loading the tokenizer)
+    config = copy.deepcopy(q_model.config)
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
     config.torch_dtype = "float32"
-    fresh = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    with _no_init_weights():  # every weight is overwritten below: a random init would be thrown away
+        fresh = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
     missing, unexpected = fresh.load_state_dict(q_model.state_dict(), strict=False)
     missing = [k for k in missing if not k.endswith("lm_head.weight")]
     if missing or unexpected:
@@ -144,6 +148,16 @@ def _from_gguf(gguf_dir: Path, gguf_file: str):
         fresh.tie_weights()
     fresh.generation_config = q_model.generation_config
     return fresh, tok
+
+
+def _no_init_weights():
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # transformers moves it between releases; the init is only time lost
+        import contextlib
+
+        return contextlib.nullcontext()
+    return no_init_weights()
 
 
 def resolve(name_or_path: str | None) -> str:
