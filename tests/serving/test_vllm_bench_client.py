@@ -4,9 +4,13 @@ default for the random dataset, and ``--ignore-eos``) and off (``--extra-body``)
 ``/tokenize`` to align its prompts with the server's tokenizer.
 
 The runner is ``llmkit.experiments.serving.vllm_bench_client`` (bench/serving.py's side-by-side uses the same).
+It starts the client in a new interpreter; importing vLLM's benchmark module there is most of a run's time, so
+one run here does that and the others hand the same command line to the client's ``main`` in this process.
 """
 
 from __future__ import annotations
+
+import subprocess
 
 import pytest
 
@@ -20,6 +24,26 @@ def bench():
     from llmkit.experiments import serving
 
     return serving
+
+
+@pytest.fixture()
+def in_process(bench, monkeypatch):
+    """``vllm_bench_client``'s command line (``VLLM_BENCH`` + its flags) run by the client's ``main`` here; any
+    other ``subprocess.run`` (the module is shared) runs as usual."""
+    real = subprocess.run
+
+    def run(cmd, *args, **kw):
+        if list(cmd[:len(bench.VLLM_BENCH)]) != bench.VLLM_BENCH:
+            return real(cmd, *args, **kw)
+        from vllm.benchmarks.serve import add_cli_args, main
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        p = FlexibleArgumentParser()
+        add_cli_args(p)
+        main(p.parse_args(cmd[len(bench.VLLM_BENCH):]))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", run)
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +71,21 @@ def run(bench, url, model, tokenizer, ignore_eos: bool) -> dict:
     return r
 
 
+# in-process on the hf engine: this worker has not imported vLLM, and imports its client once for both cases
 @pytest.mark.parametrize("ignore_eos", [True, False], ids=["ignore_eos", "eos"])
-def test_vllm_bench_client_against_the_hf_engine(bench, tiny_server, ignore_eos):
+def test_vllm_bench_client_against_the_hf_engine(bench, tiny_server, in_process, ignore_eos):
     run(bench, tiny_server.url, "tiny", tiny_server.tokenizer_path, ignore_eos)
 
 
 @pytest.mark.bundled
-@pytest.mark.parametrize("ignore_eos", [True, False], ids=["ignore_eos", "eos"])
-def test_vllm_bench_client_against_the_vllm_engine(bench, vllm_server, ignore_eos):
+def test_vllm_bench_client_in_a_new_interpreter_against_the_vllm_engine(bench, vllm_server):
     from llmkit.models import resolve
 
-    run(bench, vllm_server.url, "smollm2-135m-instruct", str(resolve(None)), ignore_eos)
+    run(bench, vllm_server.url, "smollm2-135m-instruct", str(resolve(None)), True)
+
+
+@pytest.mark.bundled
+def test_vllm_bench_client_against_the_vllm_engine_without_ignore_eos(bench, vllm_server, in_process):
+    from llmkit.models import resolve
+
+    run(bench, vllm_server.url, "smollm2-135m-instruct", str(resolve(None)), False)
