@@ -398,3 +398,33 @@ def test_generate_end_to_end_with_a_scripted_endpoint(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "trajectory.jsonl").read_text().splitlines()]
     assert [r["verification"]["correct"] for r in rows] == [False, True]
     assert (tmp_path / "candidates" / "r0_c0.py").is_file() and json.loads((tmp_path / "summary.json").read_text())
+
+
+def test_parse_source_lets_one_thread_parse_at_a_time(monkeypatch):
+    """CPython 3.11's AST conversion keeps its recursion check in state shared by threads; two verify runs in a
+    thread pool parsing at once failed with "AST constructor recursion depth mismatch" (seen in a fresh-clone
+    `make test`). parse_source serializes the parses."""
+    import ast
+    import threading
+    import time
+
+    from llmkit.kernels.workbench import verify as v
+
+    inside, most, real = [0], [0], ast.parse
+    guard = threading.Lock()
+
+    def slow_parse(source, filename="<unknown>"):
+        with guard:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.02)  # hold the parse long enough for the other threads to try
+        with guard:
+            inside[0] -= 1
+        return real(source, filename=filename)
+
+    monkeypatch.setattr(v.ast, "parse", slow_parse)
+    threads = [threading.Thread(target=v.parse_source, args=("x = 1\n",)) for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert most[0] == 1
+    assert isinstance(v.static_check("class ModelNew: pass\n")[0], list)  # static checks go through it too

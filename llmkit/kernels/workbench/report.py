@@ -116,8 +116,10 @@ def run_exploits(folder, arch: str = "hopper", *, trials: int = 1, timeout: floa
     if shared.is_file():
         import ast
 
+        from .verify import parse_source
+
         text = shared.read_text()
-        tree = ast.parse(text)
+        tree = parse_source(text)
         doc_end = tree.body[0].end_lineno if ast.get_docstring(tree) else 0
         shared_code = "\n".join(text.splitlines()[doc_end:]) + "\n"
     else:

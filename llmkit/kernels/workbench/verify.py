@@ -104,9 +104,20 @@ class VerifyInputError(ValueError):
 # ---------------------------------------------------------------------------- static checks
 
 
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_source(source: str, filename: str = "<unknown>") -> ast.Module:
+    """``ast.parse`` under one lock: CPython 3.11 keeps the AST conversion's recursion check in state shared by
+    all threads, so two threads parsing at once (``run_exploits(parallel=...)``, or verify runs in a thread
+    pool) can fail with "SystemError: AST constructor recursion depth mismatch"."""
+    with _PARSE_LOCK:
+        return ast.parse(source, filename=filename)
+
+
 def check_reference_source(path: Path) -> None:
     try:
-        tree = ast.parse(path.read_text(), filename=str(path))
+        tree = parse_source(path.read_text(), filename=str(path))
     except SyntaxError as e:
         raise VerifyInputError(f"reference {path}: syntax error: {e}") from e
     names = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
@@ -136,7 +147,7 @@ def _dotted(node) -> str:
 def static_check(source: str, ref_path: Path | None = None) -> tuple[list[str], list[str]]:
     """(problems, kernel names) of a candidate's source. Problems make the candidate fail."""
     try:
-        tree = ast.parse(source)
+        tree = parse_source(source)
     except SyntaxError as e:
         return [f"candidate does not parse: {e}"], []
     problems, kernels = [], []
