@@ -11,8 +11,9 @@ training pool, seeded subsets, censored steps to target, forgetting on MATH-500)
 Both presets use batch 2 x 128 tokens (GSM8K prompts are ~90 tokens, so a sequence trains and scores the first
 ~40 answer tokens) and 1 torch thread. The full preset's sizes both repeat data within its 40-example budget
 (20 steps x 2): n=8 is 5 epochs, n=32 is 1.25 epochs (at 20 steps, 64 and 256 rows would both be under one epoch
-and behave the same). About 160 s per run + 80 s per sweep run on the shared 2-core box; split a comparison over
-two processes with ``--methods full halo`` and ``--methods lisa stepwise``.
+and behave the same). Every run, sweep runs included, trains for the full step budget on one thread, which takes
+long on a 2-core box: split a comparison over two processes with ``--methods full halo`` and
+``--methods lisa stepwise``, and rerun the same command after an interruption.
 
 Legacy keys (``final_val_loss_halo``, ``steps_ratio_halo``, ...) are the means at the largest size;
 ``*_n<size>`` keys hold the other size, ``*_std`` the spreads. With ``--sweep_sizes smallest`` (the earlier
