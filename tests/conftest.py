@@ -96,6 +96,16 @@ def gsm8k_slice(tmp_path) -> Path:
     return _write_gsm8k_slice(tmp_path / "gsm8k_slice.jsonl")
 
 
+# when this test process started: a file written after it was written by this run (any xdist worker's)
+_SESSION_STARTED = __import__("time").time()
+
+
+@pytest.fixture(scope="session")
+def session_started() -> float:
+    """``time.time()`` when this pytest process imported conftest (xdist workers start within seconds)."""
+    return _SESSION_STARTED
+
+
 @pytest.fixture(scope="session")
 def bundled():
     """The real bundled model (smollm2-135m-instruct), loaded once per session. Mark users @pytest.mark.bundled."""
