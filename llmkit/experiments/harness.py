@@ -63,17 +63,22 @@ class ServeProcess:
         import httpx
 
         self.log = tempfile.NamedTemporaryFile("w+", prefix="llmkit-serve-", suffix=".log", delete=False)
-        cmd = self.command(self.port) if self.command else [
-            sys.executable, "-m", "llmkit.cli", "serve", "--port", str(self.port), "--log-level", self.log_level,
-            *self.args]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
-                                     start_new_session=True)
+        self._launch()
         deadline = time.monotonic() + self.timeout
+        retries = 3
         while True:
             if self.proc.poll() is not None:
+                # another process took the port between free_port() and our bind: try a new port
+                if retries and "in use" in self.log_tail(20).lower():
+                    retries -= 1
+                    self.port = free_port()
+                    self.url = f"http://127.0.0.1:{self.port}"
+                    self._launch()
+                    continue
                 raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}: {self.log_tail()}")
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                # a server of someone else's on the same port would answer /health in our place
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200 and self._listens():
                     return self
             except httpx.HTTPError:
                 pass
@@ -81,6 +86,31 @@ class ServeProcess:
                 self.stop()
                 raise RuntimeError(f"{self.name} was not healthy after {self.timeout:g} s: {self.log_tail()}")
             time.sleep(0.5)
+
+    def _launch(self) -> None:
+        cmd = self.command(self.port) if self.command else [
+            sys.executable, "-m", "llmkit.cli", "serve", "--port", str(self.port), "--log-level", self.log_level,
+            *self.args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
+                                     start_new_session=True)
+
+    def _listens(self) -> bool:
+        """Whether our process, or one of its children, is the one listening on the port."""
+        import psutil
+
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return False
+        for p in procs:
+            try:
+                if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port
+                       for c in p.net_connections("tcp")):
+                    return True
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return False
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -1,6 +1,7 @@
 import json
 import math
 import multiprocessing as mp
+import time
 
 import pytest
 
@@ -58,3 +59,53 @@ def test_peak_memory_sees_a_transient_allocation():
     out = harness.peak_memory_during(alloc)
     assert out["result"] == 64 * 2**20 // 8
     assert out["peak"] - out["base"] > 48 * 2**20
+
+
+_FAKE_SERVER = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = sys.argv[2].encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+try:
+    srv = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+except OSError as e:
+    print(e, flush=True)  # "[Errno 98] Address already in use"
+    sys.exit(1)
+srv.serve_forever()
+"""
+
+
+def test_serve_process_is_not_fooled_by_another_server_on_its_port(monkeypatch):
+    """Under xdist another test's server can take the port free_port() gave us (seen in a fresh-clone run: lm-eval
+    talked to a tiny-model server that then went away). ServeProcess accepts /health only from a socket its own
+    process listens on, and moves to a new port when its server could not bind."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    from llmkit.experiments import harness
+
+    taken = harness.free_port()
+    impostor = subprocess.Popen([sys.executable, "-c", _FAKE_SERVER, str(taken), "impostor"])
+    try:
+        for _ in range(100):
+            try:
+                if httpx.get(f"http://127.0.0.1:{taken}/health", timeout=1).text == "impostor":
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        ports = iter([taken])
+        real_free_port = harness.free_port
+        monkeypatch.setattr(harness, "free_port", lambda: next(ports, None) or real_free_port())
+        with harness.ServeProcess([], timeout=60, command=lambda port: [sys.executable, "-c", _FAKE_SERVER, str(port),
+                                                                          "ours"]) as srv:
+            assert srv.port != taken
+            assert httpx.get(srv.url + "/health", timeout=5).text == "ours"
+    finally:
+        impostor.terminate()
+        impostor.wait(10)
