@@ -150,3 +150,34 @@ def test_concurrent_conversions_convert_once(tmp_path, monkeypatch):
     for t in threads:
         t.join()
     assert calls == [models.DEFAULT_MODEL] and len(set(out)) == 1 and len(out) == 3
+
+
+def test_gguf_is_parsed_once_inside_the_conversion_and_gguf_is_restored_after(monkeypatch, tmp_path):
+    """transformers opens the GGUF three times (config, weights, tokenizer) and builds a tensor-name map per
+    module; inside ``_gguf_parsed_once`` each file is parsed once and each map built once, and outside it
+    gguf's own functions are back."""
+    import gguf
+
+    from llmkit.models import _gguf_parsed_once
+
+    parsed, built = [], []
+
+    class CountingReader:
+        def __init__(self, path, mode="r"):
+            parsed.append((str(path), mode))
+
+    def name_map(arch, n_blocks):
+        built.append((arch, n_blocks))
+        return object()
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", name_map)
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    with _gguf_parsed_once():
+        first = gguf.GGUFReader(a)
+        assert gguf.GGUFReader(str(a)) is first and gguf.GGUFReader(b) is not first
+        assert gguf.get_tensor_name_map("llama", 30) is gguf.get_tensor_name_map("llama", 30)
+        gguf.get_tensor_name_map("llama", 2)
+    assert parsed == [(str(a), "r"), (str(b), "r")]
+    assert built == [("llama", 30), ("llama", 2)]
+    assert gguf.GGUFReader is CountingReader and gguf.get_tensor_name_map is name_map

@@ -440,3 +440,19 @@ def test_bundled_engine_greedy_equals_model_generate_on_gsm8k(bundled, shared_da
     got = [c[0] for c in eng.generate(prompts, params)]
     assert [(c.text, c.completion_tokens, c.finish_reason) for c in got] == \
         [(c.text, c.completion_tokens, c.finish_reason) for c in ref]
+
+
+def test_background_server_holds_its_port_from_choosing_it_to_serving():
+    """Port 0: the port is bound from the moment it is chosen, so a parallel test's server cannot take it before
+    uvicorn listens (it did, with a port chosen by binding and closing a socket), and the server answers on it."""
+    import socket
+
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    app.get("/ping")(lambda: {"ok": True})
+    bg = BackgroundServer(app)
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", bg.port))
+    with bg:
+        assert httpx.get(f"{bg.url}/ping", timeout=10).json() == {"ok": True}

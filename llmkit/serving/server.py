@@ -794,15 +794,19 @@ class BackgroundServer:
 
         import uvicorn
 
+        # port 0: the socket bound here is the one uvicorn serves on, so no other process can take the port
+        # between choosing it and listening (a chosen-then-closed port was taken by a parallel test's server)
+        self._sock = None
         if port == 0:
-            with socket.socket() as sock:
-                sock.bind((host, 0))
-                port = sock.getsockname()[1]
+            self._sock = socket.socket()
+            self._sock.bind((host, 0))
+            port = self._sock.getsockname()[1]
         self.host, self.port = host, port
         self.url = f"http://{host}:{port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                     timeout_graceful_shutdown=30, backlog=4096))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        sockets = {"sockets": [self._sock]} if self._sock is not None else {}
+        self.thread = threading.Thread(target=self.server.run, kwargs=sockets, daemon=True)
 
     def __enter__(self):
         self.thread.start()
@@ -816,6 +820,8 @@ class BackgroundServer:
     def __exit__(self, *exc):
         self.server.should_exit = True
         self.thread.join(60)
+        if self._sock is not None:
+            self._sock.close()
 
 
 def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
