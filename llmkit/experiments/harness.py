@@ -62,7 +62,6 @@ class ServeProcess:
     def __enter__(self) -> ServeProcess:  # noqa: PYI034 - not subclassed
         import httpx
 
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="llmkit-serve-", suffix=".log", delete=False)
         self._launch()
         deadline = time.monotonic() + self.timeout
         retries = 3
@@ -88,6 +87,12 @@ class ServeProcess:
             time.sleep(0.5)
 
     def _launch(self) -> None:
+        # one log per attempt: an earlier attempt's "in use" must not make a later, unrelated exit look like one
+        if self.log is not None:
+            self.log.close()
+            os.unlink(self.log.name)
+        # (no context manager: the log lives as long as the server)
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="llmkit-serve-", suffix=".log", delete=False)  # noqa: SIM115
         cmd = self.command(self.port) if self.command else [
             sys.executable, "-m", "llmkit.cli", "serve", "--port", str(self.port), "--log-level", self.log_level,
             *self.args]

@@ -109,3 +109,23 @@ def test_serve_process_is_not_fooled_by_another_server_on_its_port(monkeypatch):
     finally:
         impostor.terminate()
         impostor.wait(10)
+
+
+def test_serve_process_retries_a_port_collision_once_and_not_a_later_unrelated_exit(tmp_path):
+    """Each attempt has its own log: after one attempt that could not bind, an attempt that fails for another
+    reason ends the start with that reason instead of spending the retries left on the old "in use"."""
+    import sys
+
+    from llmkit.experiments import harness
+
+    calls = []
+
+    def command(port):
+        calls.append(port)
+        msg = "[Errno 98] address already in use" if len(calls) == 1 else "model folder is broken"
+        return [sys.executable, "-c", f"import sys; print({msg!r}); sys.exit(1)"]
+
+    with pytest.raises(RuntimeError, match="model folder is broken") as err, \
+            harness.ServeProcess([], timeout=60, command=command):
+        pass
+    assert len(calls) == 2 and "in use" not in str(err.value)
