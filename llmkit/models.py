@@ -238,9 +238,9 @@ def parse_dtype(dtype):
 
 
 def load_tokenizer(name_or_path: str | None = None, trust_remote_code: bool = False):
+    path = resolve(name_or_path)
     from transformers import AutoTokenizer
 
-    path = resolve(name_or_path)
     try:
         tok = AutoTokenizer.from_pretrained(path, **({"trust_remote_code": True} if trust_remote_code else {}))
     except OSError as e:
@@ -259,10 +259,10 @@ def load(name_or_path: str | None = None, dtype="float32", device: str | None = 
     ``device`` is passed to ``.to()`` (``None`` leaves placement to ``device_map``
     in ``kwargs``).
     """
+    path = resolve(name_or_path)  # before transformers' auto classes (seconds to import): a bad name fails at once
+    torch_dtype = parse_dtype(dtype)
     from transformers import AutoModelForCausalLM
 
-    path = resolve(name_or_path)
-    torch_dtype = parse_dtype(dtype)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
     except OSError as e:

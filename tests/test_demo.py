@@ -52,9 +52,10 @@ def test_guard_cases_come_from_the_package_unless_iheval_is_given():
 def test_demo_runs_every_step_outside_the_workspace(outside, tmp_path):
     root, env = outside
     out = tmp_path / "demo"
-    # at most 16 new tokens a step instead of up to 256 (the KV step keeps its 48): every step still generates
+    # at most 16 new tokens a step instead of up to 256 (the KV step keeps its 48), one HALO step: every step
+    # still runs end to end
     proc = subprocess.run([sys.executable, "-m", "llmkit.demo", "--limit", "2", "--guard-fit", "8",
-                           "--train-steps", "2", "--max-new-tokens", "16", "--output", str(out)],
+                           "--train-steps", "1", "--max-new-tokens", "16", "--output", str(out)],
                           check=False, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "no network in this test" not in proc.stdout + proc.stderr
@@ -73,7 +74,7 @@ def test_demo_runs_every_step_outside_the_workspace(outside, tmp_path):
     assert all(isinstance(r["guard"]["score"], float) and r["answer"] for r in reqs)
     assert all(isinstance(r["leaked_secret"], bool) for r in reqs)
     assert (out / "guard" / "guard.json").is_file()
-    assert res["recipe"]["global_step"] == 2 and (out / "halo" / "halo_results.json").is_file()
+    assert res["recipe"]["global_step"] == 1 and (out / "halo" / "halo_results.json").is_file()
 
 
 def test_demo_steps_keep_their_generation_lengths_unless_capped(monkeypatch, tmp_path):
