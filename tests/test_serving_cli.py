@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
-import subprocess
 import sys
-import time
 import types
 
 import httpx
@@ -59,24 +56,11 @@ def test_kv_cache_flag_builds_the_engine_with_the_named_factory(tiny_dir, monkey
 
 @pytest.mark.slow  # a real `llmkit serve` process: imports torch + transformers + fastapi afresh
 def test_sigterm_lets_the_running_stream_finish(tiny_dir):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "llmkit.cli", "serve", "--model", str(tiny_dir), "--port",
-                             str(port), "--threads", "1", "--max-model-len", "512", "--log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.3)
+    from llmkit.experiments.harness import ServeProcess
+
+    # ServeProcess: a port its own server listens on (a port chosen by closing a socket can be taken meanwhile)
+    with ServeProcess(["--model", str(tiny_dir), "--threads", "1", "--max-model-len", "512"], timeout=120) as srv:
+        proc, url = srv.proc, srv.url
         body = {"prompt": "graceful", "max_tokens": 60, "stream": True, "temperature": 0}
         events = []
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as resp:
@@ -90,7 +74,3 @@ def test_sigterm_lets_the_running_stream_finish(tiny_dir):
         chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
         assert chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop")
         assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
