@@ -387,28 +387,6 @@ def pytest_collection_modifyitems(config, items):
         else:
             continue
         item.add_marker(pytest.mark.xdist_group(group))
-    # longest first: xdist hands work out in collection order, and the longest tests (the accelerate batch, the
-    # demo, lm-eval) are in tests/test_*.py, collected after every sub-folder, so they started last and the
-    # other worker sat idle while they finished. The longest now start first, then the other slow tests and
-    # their groups, then the rest (a stable sort).
-    slow = {_group(item) for item in items if item.get_closest_marker("slow")} - {None}
-
-    def rank(item) -> int:
-        for i, name in enumerate(LONGEST_FIRST):
-            if name in (_group(item), item.nodeid.split("::")[0]):
-                return i
-        return len(LONGEST_FIRST) + (not (item.get_closest_marker("slow") or _group(item) in slow))
-
-    items.sort(key=rank)
-
-
-# the longest groups and files of `make test` (--durations on a fresh clone), started in this order
-LONGEST_FIRST = ("accelerate", "tests/test_demo.py", "kernel_verifier", "tests/test_lmeval_interop.py")
-
-
-def _group(item) -> str | None:
-    marker = item.get_closest_marker("xdist_group")
-    return (marker.args[0] if marker.args else marker.kwargs.get("name")) if marker else None
 
 
 def _uses_module_fixture(item) -> bool:
