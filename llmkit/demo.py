@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -170,7 +169,7 @@ def step_recipe(out_dir: Path, steps: int, model_name: str) -> dict:
     # from an installed package; the packaged sample's 8 train problems are the training data, and the eval set
     # is as large as the training data used (8 test problems from the default 4 steps on). The recipe evaluates
     # after training, so an eval at the last step would only compute the same loss twice.
-    cmd = [sys.executable, "-m", "llmkit.cli", "train", "halo", "--model_name_or_path", model_name,
+    argv = ["train", "halo", "--model_name_or_path", model_name,
            "--dataset_name", str(GSM8K_SAMPLE / "train.jsonl"), "--eval_data", str(GSM8K_SAMPLE / "test.jsonl"),
            "--halo_method", "halo", "--halo_homotopy_fraction", "0.5", "--halo_ramp_width", "0.25",
            "--learning_rate", "1e-4", "--lr_scheduler_type", "constant", "--weight_decay", "0.0",
@@ -180,8 +179,13 @@ def step_recipe(out_dir: Path, steps: int, model_name: str) -> dict:
            "--save_strategy", "steps", "--save_steps", str(steps), "--save_total_limit", "1",
            "--logging_steps", "1", "--warmup_steps", "0", "--report_to", "none", "--use_cpu", "true",
            "--bf16", "false", "--seed", "0", "--output_dir", str(out_dir / "halo")]
-    print("$ llmkit " + " ".join(cmd[3:]), flush=True)
-    subprocess.run(cmd, check=True)
+    print("$ llmkit " + " ".join(argv), flush=True)
+    # the command above, run in this process: a new interpreter would import torch and transformers again
+    from llmkit.cli import main as llmkit_main
+
+    rc = llmkit_main(argv)
+    if rc:
+        raise SystemExit(f"llmkit {' '.join(argv[:2])} exited with {rc}")
     res = json.loads((out_dir / "halo" / "halo_results.json").read_text())
     print(f"HALO: {res['global_step']} steps, train loss {res['train_loss']:.3f}, eval loss {res['eval_loss']:.3f}; "
           f"model and loss curve in {out_dir / 'halo'}")

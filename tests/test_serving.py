@@ -214,17 +214,23 @@ def test_api_key_required():
 
 
 def test_concurrency_limit_and_disconnect_frees_slot():
-    server, app, _ = make_server(max_concurrency=1, max_model_len=1024)
+    # the first stream must still hold the slot when the second request arrives: it may not stop at an EOS, and
+    # each step takes at least 20 ms (on a loaded machine the tiny model's 1000 tokens once finished in the gap
+    # between the first chunk and the second request, which then got its slot)
+    engine = HFEngine(tiny_llama(), tiny_tokenizer())
+    engine.model.register_forward_pre_hook(lambda *_: time.sleep(0.02))
+    server, app, _ = make_server(engine, max_concurrency=1, max_model_len=1024)
     state = app.state.server
     with server:
-        body = {"messages": MSG, "max_tokens": 1000, "stream": True}
+        body = {"messages": MSG, "max_tokens": 1000, "stream": True, "ignore_eos": True}
         with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as resp:
             lines = resp.iter_lines()
             next(lines)  # the stream is running and holds the only slot
             busy = httpx.post(server.url + "/v1/chat/completions", json={"messages": MSG, "max_tokens": 2})
             assert busy.status_code == 429 and busy.json()["error"]["type"] == "rate_limit_exceeded"
-        # the client hung up after one chunk: the slot and the engine row come free long before 1000 tokens
-        deadline = time.time() + 20
+        # the client hung up after one chunk: the slot and the engine row come free long before the 1000 tokens
+        # (20 s at the least)
+        deadline = time.time() + 8
         while (state.active or state.streamer.running) and time.time() < deadline:
             time.sleep(0.05)
         assert state.active == 0 and state.streamer.running == 0
