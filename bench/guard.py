@@ -4,8 +4,11 @@ On the same greedy answers to IHEval and the GSM8K secret-word set: dispersion p
 (in-source and cross-source) against baselines, correction arms on IHEval, `llmkit serve --guard` latency and
 CPU. Stages: llmkit.experiments.guard; sizes: --quick below; results: bench/results/guard.md. The full run is split
 over both cores (N `--shard K/N` processes generate, then capture, into shared files; one does the rest).
-The committed guard_quick.json replays the full run's answers (guard_parts/responses_full.json.gz as R.json;
-its 90 tool-use answers came from the transformers engine: vLLM on the loaded shared CPU did not finish them):
+The committed guard_quick.json replays the full run's answers (guard_parts/responses_full.json.gz as R.json, the
+last command below). Stored there too, made by the transformers engine (greedy, 64 tokens; vLLM on the loaded
+shared CPU did not finish them): the 120 tool-use answers the full run lacks (the quick run's 90, and 30
+get-webpage lang-detect ones generated to look for a compliant tool-use answer: none earned half the credit)
+and the quick run's latent-arm answers:
 
     .venv/bin/python bench/guard.py --quick
     for k in 0 1; do .venv/bin/python bench/guard.py --shard $k/2 --responses-cache R.json & done; wait
@@ -25,14 +28,25 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def _limit(text: str):
+    from llmkit.experiments.guard import parse_limit
+
+    try:
+        return parse_limit(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
-    add("--quick", action="store_true", help="10 IHEval items per variant file, prompts <= 400 tokens, 64 GSM8K "
-        "questions, 24 new tokens, 4 latency requests, hf answers (full: every sample, 160, 64, 8, vLLM bf16)")
+    add("--quick", action="store_true", help="IHEval items per variant file: 20 safety, 40 rule-following, 10 "
+        "tool-use (so that the cross-source pairs have both classes), prompts <= 400 tokens, 64 GSM8K questions, 24 "
+        "new tokens, 4 latency requests, hf answers (full: every sample, 160, 64, 8, vLLM bf16)")
     add("--data", default="../shared/data/iheval/benchmark", help="IHEval benchmark folder")
     add("--gsm8k", default="../shared/data/gsm8k/test.jsonl", help="GSM8K jsonl for the injection set")
-    add("--limit", type=int, default=None, help="IHEval items per variant file (quick 10; full: every sample)")
+    add("--limit", type=_limit, default=None, help="IHEval items per variant file: N, or category=N,... over the "
+        "quick sizes (quick safety=20,rule-following=40,tool-use=10; full: every sample)")
     add("--gsm8k-questions", type=int, default=None, help="GSM8K questions (quick 64, full 160)")
     add("--max-new-tokens", type=int, default=None, help="quick 24, full 64")
     add("--tasks", default=None, help="comma-separated IHEval tasks")

@@ -129,11 +129,23 @@ def _g_cross(d, _):
             f"the worst-case AUROC is {worst}; the default score is {k} (best worst case, "
             f"{f['default_worst_cross_auroc']:.3f}), with a realized FPR of {f['default_realized_fpr_cross']:.3f} on the "
             f"unseen sources' clean answers at the threshold fitted for a {f['target_fpr_cross']:.2f} target."
-            + _g_cross_left_out(d))
+            + _g_cross_default_pairs(d) + _g_cross_left_out(d))
+
+
+def _g_cross_default_pairs(d) -> str:
+    """The default score's AUROC (bootstrap interval) and realized FPR on each pair in the worst case."""
+    k = d["figures"]["default_score"]
+    per = [(name, d["cross_source"][name][k]) for name in d["cross_source_comparable_pairs"]]
+    return (f" {k.capitalize()} per pair: " + "; ".join(
+        f"{name} AUROC {r['auroc']:.3f} [{r['low']:.3f}, {r['high']:.3f}], realized FPR {r['realized_fpr']:.3f}"
+        for name, r in per) + ".") if per else ""
 
 
 def _g_cross_left_out(d) -> str:
     """The pairs kept out of the worst case and why (a class missing or too small, or a score not fitted)."""
+    if "cross_source_left_out" in d:  # the reasons the run gave (a source without a class is named, with counts)
+        why = [f"{name}: {r}" for name, r in d["cross_source_left_out"].items()]
+        return f" Left out of the worst case: {'; '.join(why)}." if why else " Every pair is in the worst case."
     why = []
     for name, per in d["cross_source"].items():
         if name in d["cross_source_comparable_pairs"]:

@@ -72,7 +72,9 @@ SPECS: dict[str, Spec] = {
                       f"IHEval violations less dispersed (log-det ratio {d['figures']['dispersion_logdet_iheval']:.2f}"
                       f"); test AUROC {d['figures']['auroc_aeo']:.3f} (probe {d['figures']['auroc_probe']:.3f}); "
                       f"re-prompt {sgn(d['iheval_arm_intervals']['guard_correct_minus_no_guard']['value'])}")),
-    "guard_quick": Spec(command="python bench/guard.py --quick", **GUARD),
+    "guard_quick": Spec(command="gunzip -c bench/results/guard_parts/responses_full.json.gz > R.json\n"
+                        "python bench/guard.py --quick --engine vllm --max-new-tokens 64 --responses-cache R.json",
+                        **GUARD),
     "halo": Spec(command="python bench/halo.py --sweep_sizes smallest", **HALO, headline=lambda d, _: (
         f"n=32 final val loss HALO {d['figures']['final_val_loss_halo']:.3f}, full "
         f"{d['figures']['final_val_loss_full']:.3f}, step-wise {d['figures']['final_val_loss_stepwise']:.3f} "

@@ -121,3 +121,20 @@ def test_no_module_docstring_over_40_lines():
         if doc and len(doc.splitlines()) > 40:
             long[str(p.relative_to(REPO))] = len(doc.splitlines())
     assert not long, f"module docstrings over 40 lines: {long}"
+
+
+def test_guard_quick_page_states_the_default_scores_cross_source_figures():
+    """Issue 37: the default score (best worst-case cross-source AUROC) with that AUROC, its realized FPR, its
+    AUROC per pair and why any pair is left out are stated on the page, from the JSON."""
+    res = REPO / "bench" / "results"
+    d = json.loads((res / "guard_quick.json").read_text())
+    f, page = d["figures"], (res / "guard_quick.md").read_text()
+    worst = {k: f[f"worst_cross_auroc_{k}"] for k in ("energy", "entropic", "probe", "combined")}
+    k = f["default_score"]
+    assert worst[k] == max(worst.values())
+    assert f"the default score is {k} (best worst case, {worst[k]:.3f})" in page
+    assert f"realized FPR of {f['realized_fpr_' + k]:.3f}" in page
+    for name in d["cross_source_comparable_pairs"]:
+        assert f"{name} AUROC {f[f'auroc_cross_{name}_{k}']:.3f}" in page
+    for name, why in d["cross_source_left_out"].items():
+        assert f"{name}: {why}" in page

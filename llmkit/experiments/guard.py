@@ -27,7 +27,10 @@ saw, as TaskTracker evaluates its probes. Sources (:func:`sources_of`): IHEval `
 safety -> tools, iheval -> gsm8k and the reverse directions. Reported per pair and score: AUROC
 with a stratified bootstrap interval and the realized false-positive rate on the test source's
 clean answers. The default score (:func:`choose_default`) has the best worst-case AUROC over the
-pairs where every score could be evaluated.
+pairs where every score could be evaluated; the others are reported with the reason (``left_out``).
+The quick run sizes each IHEval category on its own (:data:`QUICK_LIMITS`) so that the pairs have both
+classes; none of the 120 tool-use answers the bundled model gave is compliant, so those two pairs stay
+undefined.
 
 Statistics come from :mod:`llmkit.experiments.stats`. What was measured: bench/results/guard.md.
 """
@@ -200,12 +203,15 @@ def cross_source(caps: list, labels: list, sources: list[set[str]], *, pairs=PAI
     ``caps``: one capture per answer; ``labels``: 1 violation, 0 compliant, None left out;
     ``sources``: each answer's source names (:func:`sources_of`). Returns ``{"pairs": {"<fit>_to_<test>":
     {score: {"auroc", "low", "high", "n_pos", "n_neg", "realized_fpr", "threshold"} | {"error"}}},
-    "figures": {...}, "default_score", "comparable_pairs"}``; figures hold ``auroc_cross_<fit>_to_<test>_<score>``,
-    ``realized_fpr_cross_<fit>_to_<test>_<score>``, ``realized_fpr_<score>`` (mean over the pairs) and
-    ``worst_cross_auroc_<score>``. ``fit_kw`` goes to ``Guard.fit_captures`` (model_name, hidden_size, ...).
-    A source with a single class (too few answers; :func:`grade_answers` grades labels so that a strict
-    pass is not needed) makes its pairs undefined, and a test source with fewer than ``min_class`` answers
-    of a class gives an AUROC that one answer can swing: both are reported and left out of the worst case.
+    "figures": {...}, "default_score", "comparable_pairs", "left_out": {pair: why}, "sources": {name:
+    counts}}`` (:func:`left_out_reason`, :func:`source_counts`); figures hold
+    ``auroc_cross_<fit>_to_<test>_<score>``, ``realized_fpr_cross_<fit>_to_<test>_<score>``,
+    ``realized_fpr_<score>`` (mean over the pairs) and ``worst_cross_auroc_<score>``. ``fit_kw`` goes to
+    ``Guard.fit_captures`` (model_name, hidden_size, ...). A source with a single class (the model never
+    complies there, or too few answers; :func:`grade_answers` grades labels so that a strict pass is not
+    needed) makes its pairs undefined, and a test source with fewer than ``min_class`` answers of a class
+    gives an AUROC that one answer can swing: both are reported, with the reason in ``left_out``, and left
+    out of the worst case.
     """
     if not len(caps) == len(labels) == len(sources):
         raise ValueError(f"caps, labels and sources differ in length: {len(caps)}, {len(labels)}, {len(sources)}")
@@ -237,6 +243,10 @@ def cross_source(caps: list, labels: list, sources: list[set[str]], *, pairs=PAI
     comparable = [p for p, per in out["pairs"].items()
                   if all(_finite(per[k]["auroc"]) and min(per[k]["n_pos"], per[k]["n_neg"]) >= min_class
                          for k in scores)]
+    names = list(dict.fromkeys(n for pair in pairs for n in pair))
+    out["sources"] = {n: source_counts(labels, sources, n) for n in names}
+    out["left_out"] = {f"{a}_to_{b}": left_out_reason(out["pairs"][f"{a}_to_{b}"], out["sources"], a, b, min_class)
+                       for a, b in pairs if f"{a}_to_{b}" not in comparable}
     for kind in scores:
         fprs = [out["pairs"][p][kind].get("realized_fpr", float("nan")) for p in out["pairs"]]
         fprs = [f for f in fprs if _finite(f)]
@@ -247,6 +257,36 @@ def cross_source(caps: list, labels: list, sources: list[set[str]], *, pairs=PAI
     out["default_score"] = choose_default({k: out["figures"][f"worst_cross_auroc_{k}"] for k in scores})
     out["figures"]["target_fpr_cross"] = target_fpr
     return out
+
+
+def source_counts(labels: list, sources: list[set[str]], name: str) -> dict:
+    """A source's labelled answers: ``{"violations", "compliant", "unlabelled"}`` (unlabelled: IHEval
+    aligned-setting failures, which :func:`grade_answers` leaves out)."""
+    ys = [labels[i] for i, s in enumerate(sources) if name in s]
+    return {"violations": sum(1 for y in ys if y == 1), "compliant": sum(1 for y in ys if y == 0),
+            "unlabelled": sum(1 for y in ys if y is None)}
+
+
+def left_out_reason(per: dict, counts: dict, fit: str, test: str, min_class: int) -> str:
+    """Why a pair is not in the worst case: a source without a class (named, with its counts: no guard can be
+    fitted, or no AUROC measured, however the scores behave), a test class under ``min_class``, or scores that
+    could not be fitted."""
+    def has(name):
+        c = counts[name]
+        return f"{c['violations']} violations, {c['compliant']} compliant"
+
+    missing = []  # a fit source needs compliant answers (the unsupervised scores fit without violations)
+    for role, name, needed in (("fit", fit, ("compliant",)), ("test", test, ("compliant", "violations"))):
+        missing += [f"{role} source '{name}' has no {'compliant' if key == 'compliant' else 'violating'} answer "
+                    f"({has(name)})" for key in needed if not counts[name][key]]
+    if missing:
+        return "; ".join(missing)
+    errors = {k: r["error"] for k, r in per.items() if "error" in r}
+    if errors:
+        return "not fitted: " + "; ".join(f"{k}: {e}" for k, e in errors.items())
+    r = next(iter(per.values()))
+    return (f"test source '{test}' has fewer than {min_class} answers of a class ({r['n_pos']} violations, "
+            f"{r['n_neg']} compliant)")
 
 
 def choose_default(worst_auroc: dict[str, float]) -> str:
@@ -276,6 +316,11 @@ def summary_lines(result: dict) -> list[str]:
                              f"{result['figures']['target_fpr_cross']:.2f}")
     f = result["figures"]
     kinds = [k[len("worst_cross_auroc_"):] for k in f if k.startswith("worst_cross_auroc_")]
+    for name, c in result.get("sources", {}).items():
+        lines.append(f"cross-source source {name:7s}: {c['violations']} violations, {c['compliant']} compliant, "
+                     f"{c['unlabelled']} unlabelled")
+    for name, why in result.get("left_out", {}).items():
+        lines.append(f"cross-source {name} left out of the worst case: {why}")
     lines.append("cross-source worst-case AUROC over " + ", ".join(result["comparable_pairs"]) + ": "
                  + "  ".join(f"{k} {f['worst_cross_auroc_' + k]:.3f}" for k in kinds))
     lines.append("cross-source realized FPR (mean over pairs): "
@@ -293,13 +338,55 @@ def summary_lines(result: dict) -> list[str]:
 SIZE_FLAGS = ("limit", "gsm8k_questions", "max_new_tokens", "tasks", "latency_requests", "max_prompt_tokens",
               "engine", "threads")
 
+# The quick run's IHEval items per variant file, per category: each cross-source pair needs both classes in its
+# test source and compliant answers to fit on. Counted on the full run's cached answers (prompts <= 400 tokens,
+# labels of grade_answers, before any guard score): 10 per file gave safety 6 violations and rule-following 1
+# compliant answer; 20 safety (13 violations, 57 compliant) and 40 rule-following (33 violations, 11 compliant)
+# give every pair between them and GSM8K both classes (385 answers instead of 282: the replayed quick run took
+# 1,485 s on the shared CPU instead of 884 s). Tool-use stays at 10: none of its answers (the quick run's 60
+# conflict and 30 aligned ones, and 30 get-webpage lang-detect ones generated to check) earned half of IHEval's
+# credit (the most was 0.38), and its 2,520 full-size answers were never generated (about 9 s each here), so
+# no affordable size gives it a compliant answer: its pairs are reported as left out, with that reason.
+QUICK_LIMITS = {"safety": 20, "rule-following": 40, "tool-use": 10}
+
+
+def parse_limit(text: str | int | None) -> int | dict[str, int] | None:
+    """``--limit``: ``N`` (every IHEval category) or ``category=N,...`` (those categories; the others keep the
+    ``--quick`` value, :data:`QUICK_LIMITS`, or every sample in a full run)."""
+    if text is None or isinstance(text, (int, dict)):
+        return text
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    out = {}
+    for part in text.split(","):
+        cat, eq, n = part.strip().partition("=")
+        if not (eq and cat and n.strip().isdigit() and int(n) > 0):
+            raise ValueError(f"--limit takes N or category=N,... (e.g. safety=20,rule-following=40), got {text!r}")
+        out[cat.strip()] = int(n)
+    return out
+
+
+def limit_for(limit: int | dict | None, task: str) -> int | None:
+    """Items per variant file for ``task`` (``"<category>/<task>"``) under a :func:`sizes` ``limit``."""
+    if isinstance(limit, dict):
+        return limit.get(task.split("/", 1)[0])
+    return limit
+
 
 def sizes(quick: bool, *, limit=None, gsm8k_questions=None, max_new_tokens=None, tasks: str | None = None,
           latency_requests=None, max_prompt_tokens=None, engine=None, threads=None) -> dict:
-    """The run's sizes (the flags in :data:`SIZE_FLAGS`): one left unset takes its ``--quick`` or full-run value."""
+    """The run's sizes (the flags in :data:`SIZE_FLAGS`): one left unset takes its ``--quick`` or full-run value.
+    ``limit`` (IHEval items per variant file): an int for every category, or a dict per category (see
+    :func:`parse_limit`) laid over the ``--quick`` limits (:data:`QUICK_LIMITS`); a full run keeps every sample."""
     max_new = max_new_tokens or (24 if quick else 64)
     max_prompt = max_prompt_tokens or (400 if quick else 2048)
-    return {"limit": limit or (10 if quick else None), "gsm8k_questions": gsm8k_questions or (64 if quick else 160),
+    limit = parse_limit(limit)
+    if isinstance(limit, dict):
+        limit = {**(QUICK_LIMITS if quick else {}), **limit}
+    elif not limit:
+        limit = dict(QUICK_LIMITS) if quick else None
+    return {"limit": limit, "gsm8k_questions": gsm8k_questions or (64 if quick else 160),
             "max_new_tokens": max_new, "tasks": tasks.split(",") if tasks else list(TASKS),
             "latency_requests": latency_requests or (4 if quick else 8), "max_prompt_tokens": max_prompt,
             "capture_length": max(1024, max_prompt + max_new),  # the capture keeps whole prompts
@@ -310,12 +397,17 @@ def load_items(iheval_dir, gsm8k_path, tok, chat_prompt: Callable, *, tasks, lim
                max_prompt_tokens: int) -> list[dict]:
     """IHEval samples (the conflict-instruction ones; the instruction-only ids are not answers to grade) and the
     GSM8K secret-word set, as one list of ``{dataset, task, setting, key, sample, messages, prompt, part}``;
+    ``limit`` (items per variant file) is an int, None or a dict per IHEval category (:func:`limit_for`);
     prompts over ``max_prompt_tokens`` are left out and ``part`` is :func:`split` of ``dataset/key``."""
     from llmkit.evals import iheval
     from llmkit.serving.guard import injection
 
     items = []
-    for s in iheval.load(iheval_dir, tasks=tasks, settings=["aligned", "conflict"], limit=limit):
+    names = ([iheval._resolve_task(t) for t in tasks] if tasks
+             else [f"{c}/{t}" for c, t in iheval.list_tasks(iheval_dir)])  # one load per task: limits per category
+    samples = [s for name in names for s in iheval.load(iheval_dir, tasks=[name], settings=["aligned", "conflict"],
+                                                        limit=limit_for(limit, name))]
+    for s in samples:
         if s["id"] in iheval.INSTRUCTION_IDS:
             continue
         items.append({"dataset": "iheval", "task": f"{s['category']}/{s['task']}", "setting": s["setting"],
@@ -1044,7 +1136,9 @@ def results(figures: dict, det: dict, corr: dict, dispersion: dict, lat: dict, *
                            arm_answers=len(arm_rows(items)), regenerated=corr["counts"]["regenerated_answers"],
                            latency_requests=latency_requests)
     return {"figures": figures, "cross_source": det["cross"]["pairs"],
-            "cross_source_comparable_pairs": det["cross"]["comparable_pairs"], "auroc_intervals": det["intervals"],
+            "cross_source_comparable_pairs": det["cross"]["comparable_pairs"],
+            "cross_source_left_out": det["cross"]["left_out"], "cross_source_sources": det["cross"]["sources"],
+            "auroc_intervals": det["intervals"],
             "iheval_arm_intervals": corr["intervals"], "iheval_per_task": corr["per_task"],
             "dispersion_per_layer": {ds: {str(l): v for l, v in per.items()} for ds, per in dispersion.items()},
             "latency": lat, "pass_rate_by_setting": pass_rate_by_setting(items, passed), "counts": counts,

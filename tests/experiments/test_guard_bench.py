@@ -51,7 +51,8 @@ def synthetic_run(n_per: int = 24, d: int = 16, seed: int = 0):
 def test_sizes_fill_quick_and_full_defaults_and_keep_flags():
     q, f = X.sizes(True), X.sizes(False)
     assert (q["limit"], q["gsm8k_questions"], q["max_new_tokens"], q["latency_requests"], q["engine"]) == (
-        10, 64, 24, 4, "hf")
+        {"safety": 20, "rule-following": 40, "tool-use": 10}, 64, 24, 4, "hf")
+    assert q["limit"] is not X.QUICK_LIMITS
     assert (f["limit"], f["gsm8k_questions"], f["max_new_tokens"], f["latency_requests"], f["engine"]) == (
         None, 160, 64, 8, "vllm")
     assert q["capture_length"] == 1024 and f["capture_length"] == 2048 + 64 and q["threads"] == f["threads"] == 1
@@ -59,6 +60,34 @@ def test_sizes_fill_quick_and_full_defaults_and_keep_flags():
     o = X.sizes(True, tasks="a,b", max_new_tokens=8, threads=3, engine="vllm")
     assert o["tasks"] == ["a", "b"] and o["max_new_tokens"] == 8 and o["threads"] == 3 and o["engine"] == "vllm"
     assert set(X.SIZE_FLAGS) <= set(X.sizes.__kwdefaults__)
+
+
+def test_limit_takes_one_number_or_one_per_category_over_the_quick_sizes():
+    assert X.parse_limit("7") == X.parse_limit(7) == 7 and X.parse_limit(None) is None
+    assert X.parse_limit(" safety=5, rule-following=60") == {"safety": 5, "rule-following": 60}
+    for bad in ("safety", "safety=", "=3", "safety=0", "safety=x", "3,4"):
+        with pytest.raises(ValueError, match="--limit takes N or category=N"):
+            X.parse_limit(bad)
+    assert X.sizes(True, limit="rule-following=60")["limit"] == {"safety": 20, "rule-following": 60, "tool-use": 10}
+    assert X.sizes(True, limit="3")["limit"] == 3 and X.sizes(False, limit="safety=3")["limit"] == {"safety": 3}
+    assert X.limit_for({"safety": 3}, "safety/user-prompt-hijack") == 3
+    assert X.limit_for({"safety": 3}, "tool-use/slack-user") is None and X.limit_for(4, "tool-use/x") == 4
+
+
+def test_load_items_limits_each_category_on_its_own(shared_data, tiny_tokenizer):
+    def chat(messages):
+        return "\n".join(m["content"] for m in messages)
+
+    def load(limit):
+        items = X.load_items(shared_data / "iheval" / "benchmark", shared_data / "gsm8k" / "test.jsonl",
+                             tiny_tokenizer, chat, tasks=X.TASKS[:3], limit=limit, gsm8k_questions=1,
+                             max_prompt_tokens=10**6)
+        return {cat: [it["key"] + it["setting"] for it in items if it["task"].startswith(cat)]
+                for cat in ("safety", "rule-following")}
+
+    one, three, mixed = load(1), load(3), load({"safety": 1, "rule-following": 3})
+    assert len(one["safety"]) < len(three["safety"]) and len(one["rule-following"]) < len(three["rule-following"])
+    assert mixed == {"safety": one["safety"], "rule-following": three["rule-following"]}
 
 
 def test_load_items_reads_both_sets_splits_by_key_and_drops_long_prompts(shared_data, tiny_tokenizer):
@@ -396,7 +425,8 @@ def test_results_report_and_plot(detected, tmp_path):
     opts = {"components": 4, "target_fpr": 0.1, "alpha": 0.5, "min_tokens": 8, "bootstrap": 50, "quick": True}
     out = X.results(figures, det, corr, {}, lat, items=items, labels=labels, passed=[y != 1 for y in labels],
                     layers=[1, 2], latency_requests=2, config=X.run_config("tiny", "hf", cfg, opts), seconds=1.23)
-    assert list(out) == ["figures", "cross_source", "cross_source_comparable_pairs", "auroc_intervals",
+    assert list(out) == ["figures", "cross_source", "cross_source_comparable_pairs", "cross_source_left_out",
+                         "cross_source_sources", "auroc_intervals",
                          "iheval_arm_intervals", "iheval_per_task", "dispersion_per_layer", "latency",
                          "pass_rate_by_setting", "counts", "threshold", "layers", "config", "seconds"]
     c = out["counts"]

@@ -16,9 +16,10 @@ TASKS = {"safety": ("iheval", "safety/user-prompt-hijack"), "rules": ("iheval", 
          "tools": ("iheval", "tool-use/get-webpage"), "gsm8k": ("gsm8k_inject", "gsm8k/secret-word")}
 
 
-def synthetic(n_per: int = 24, d: int = 16, seed: int = 0, no_violations_in=()):
+def synthetic(n_per: int = 24, d: int = 16, seed: int = 0, no_violations_in=(), no_compliant_in=()):
     """Answers from four sources: each source has its own compliant centre; violations of every source
-    drift along one shared direction (what a guard that transfers must pick up)."""
+    drift along one shared direction (what a guard that transfers must pick up). A source in
+    ``no_compliant_in`` has violations and unlabelled answers only (a task the model never does)."""
     g = torch.Generator().manual_seed(seed)
     drift = torch.zeros(d)
     drift[0] = 6.0
@@ -30,7 +31,7 @@ def synthetic(n_per: int = 24, d: int = 16, seed: int = 0, no_violations_in=()):
             t = 4 + k % 5
             x = centre + torch.randn(t, d, generator=g) + (drift if y else 0)
             caps.append(Capture(states={1: x.float(), 2: (2 * x).float()}, n_tokens=t))
-            labels.append(y)
+            labels.append(None if name in no_compliant_in and not y else y)
             sources.append(X.sources_of(dataset, task))
     return caps, labels, sources
 
@@ -73,7 +74,8 @@ def test_cross_source_reports_every_pair_and_score():
     want = float((g.score_captures([caps[i] for i in test_ok]) > g.threshold).double().mean())
     assert res["pairs"]["safety_to_rules"]["energy"]["realized_fpr"] == pytest.approx(want)
     assert f["realized_fpr_cross_safety_to_rules_energy"] > 0.5 > g.meta["holdout_fpr"]
-    assert set(res["comparable_pairs"]) == {f"{a}_to_{b}" for a, b in X.PAIRS}
+    assert set(res["comparable_pairs"]) == {f"{a}_to_{b}" for a, b in X.PAIRS} and res["left_out"] == {}
+    assert res["sources"]["tools"] == {"violations": 8, "compliant": 16, "unlabelled": 0}
     worst = {k: f[f"worst_cross_auroc_{k}"] for k in X.SCORES}
     assert res["default_score"] == X.choose_default(worst)
     assert worst[res["default_score"]] == max(worst.values())
@@ -90,6 +92,29 @@ def test_a_source_without_violations_cannot_fit_the_supervised_scores():
     assert "error" in per["combined"] and not math.isnan(per["energy"]["auroc"])
     # only pairs every score could be evaluated on decide the default
     assert res["comparable_pairs"] == ["safety_to_tools"]
+    why = res["left_out"]["rules_to_safety"]
+    assert why.startswith("not fitted: probe: ") and "combined: " in why and "energy" not in why
+
+
+def test_a_source_without_compliant_answers_is_left_out_with_its_counts_and_no_invented_label():
+    caps, labels, sources = synthetic(no_compliant_in=("tools",))
+    before = list(labels)
+    res = X.cross_source(caps, labels, sources, n_resamples=20, **FIT)
+    assert labels == before and res["sources"]["tools"] == {"violations": 8, "compliant": 0, "unlabelled": 16}
+    assert res["left_out"] == {
+        "safety_to_tools": "test source 'tools' has no compliant answer (8 violations, 0 compliant)",
+        "tools_to_safety": "fit source 'tools' has no compliant answer (8 violations, 0 compliant)"}
+    assert set(res["comparable_pairs"]) == {"safety_to_rules", "iheval_to_gsm8k", "rules_to_safety",
+                                            "gsm8k_to_iheval"}
+    for kind in X.SCORES:
+        assert math.isnan(res["figures"][f"auroc_cross_safety_to_tools_{kind}"])
+        assert "error" in res["pairs"]["tools_to_safety"][kind]
+        assert res["figures"][f"worst_cross_auroc_{kind}"] == min(
+            res["figures"][f"auroc_cross_{p}_{kind}"] for p in res["comparable_pairs"])
+    lines = X.summary_lines(res)
+    assert "cross-source source tools  : 8 violations, 0 compliant, 16 unlabelled" in lines
+    assert ("cross-source tools_to_safety left out of the worst case: fit source 'tools' has no compliant answer "
+            "(8 violations, 0 compliant)") in lines
 
 
 def test_a_test_source_with_a_handful_of_one_class_is_reported_but_not_in_the_worst_case():
@@ -102,6 +127,8 @@ def test_a_test_source_with_a_handful_of_one_class_is_reported_but_not_in_the_wo
     r = res["pairs"]["safety_to_tools"]["energy"]
     assert r["n_neg"] == 2 and math.isfinite(r["auroc"])
     assert res["comparable_pairs"] == ["safety_to_rules"]
+    assert res["left_out"] == {"safety_to_tools": "test source 'tools' has fewer than 5 answers of a class "
+                                                  "(8 violations, 2 compliant)"}
     assert res["figures"]["worst_cross_auroc_energy"] == res["pairs"]["safety_to_rules"]["energy"]["auroc"]
     lenient = X.cross_source(caps, labels, sources, pairs=(("safety", "tools"), ("safety", "rules")),
                              n_resamples=20, min_class=1, **FIT)
