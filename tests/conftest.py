@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -394,3 +396,39 @@ def _uses_module_fixture(item) -> bool:
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info is not None else ()
     return any(d.scope in ("module", "class", "package") for chain in defs for d in chain)
+
+# ----------------------------------------------------------------------------- sandboxed kernel verifier runs
+# One pool of sandboxed verifier runs, shared by the kernel tests and the doctor's kernels check. Each ``verify``
+# starts its own sandboxed process (a fresh torch + triton import, then Triton's interpreter); that isolation is
+# what the tests check, so it is kept. What is shared: the pool (three runs at a time, the same for every file,
+# so one file's runs never stack on another's), and a run asked for twice with the same arguments (the good
+# softmax, which three files verify; the zero-output kernel, which two do), which runs once. The tests that use
+# it are one xdist group (``kernel_verifier``), so under ``make test`` they share one worker and these runs.
+# On CPU they pass ``timing=False``: without a GPU, timing only adds a note, and the same arguments share a run.
+
+
+class VerifyRuns:
+    """``submit(ref, candidate, arch, precision, **verify_kwargs)``: a Future of ``verify``'s result, run once
+    per distinct set of arguments."""
+
+    def __init__(self, pool: ThreadPoolExecutor):
+        # the real verify, kept here: a test may put this object in its place
+        from llmkit.kernels.workbench.verify import verify
+
+        self._verify, self._pool, self._lock, self._runs = verify, pool, threading.Lock(), {}
+
+    def submit(self, ref: Path, candidate: Path, arch: str, precision: str, **kwargs) -> Future:
+        key = (str(ref), str(candidate), arch, precision, tuple(sorted(kwargs.items())))
+        with self._lock:
+            if key not in self._runs:
+                self._runs[key] = self._pool.submit(self._verify, ref, candidate, arch, precision, **kwargs)
+            return self._runs[key]
+
+    def __call__(self, *args, **kwargs) -> dict:
+        return self.submit(*args, **kwargs).result()
+
+
+@pytest.fixture(scope="session")
+def verify_runs():
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        yield VerifyRuns(pool)

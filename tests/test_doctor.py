@@ -218,10 +218,13 @@ def test_strategy_test_runner_reports_passes_and_names_failures(tmp_path):
 
 
 @pytest.mark.slow  # two verifier subprocesses under Triton's interpreter: ~40 s on a shared CPU
-def test_kernels_verify_check_cpu_path_accepts_good_and_rejects_bad(tmp_path):
+@pytest.mark.xdist_group("kernel_verifier")
+def test_kernels_verify_check_cpu_path_accepts_good_and_rejects_bad(tmp_path, monkeypatch, verify_runs):
     from llmkit.doctor import checks
     from llmkit.tools import sandbox
 
+    # the check's two sandboxed runs are the kernel tests' runs with the same arguments, made once (conftest.py)
+    monkeypatch.setattr("llmkit.kernels.workbench.verify.verify", verify_runs)
     ctx = Context(tmp_path, device="cpu")
     if not sandbox.check_available()[0]:
         with pytest.raises(Skip, match="no sandbox"):
