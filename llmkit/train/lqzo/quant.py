@@ -50,8 +50,10 @@ class QuantLinear(nn.Module):
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         g = self.group_size
-        w = self.codes.view(self.out_features, -1, g).to(self.scale.dtype)
-        w = (w - self.zero.unsqueeze(-1)).mul_(self.scale.unsqueeze(-1))
+        w = self.codes.view(self.out_features, -1, g).to(self.scale.dtype, copy=True)
+        # in place on that fresh copy: the same numbers as ``(w - zero) * scale`` without a second
+        # weight-sized temporary (on CPU the out-of-place broadcast subtraction cost more than the rest)
+        w.sub_(self.zero.unsqueeze(-1)).mul_(self.scale.unsqueeze(-1))
         w = w.view(self.out_features, self.in_features)
         return w if dtype is None else w.to(dtype)
 

@@ -61,9 +61,21 @@ def sentiment_rows(n: int, seed: int = 0) -> list[dict]:
 @torch.no_grad()
 def choice_accuracy(model, tok, rows: list[dict], batch_size: int = 16) -> float:
     """Fraction of rows whose gold choice has the highest summed log-likelihood as the assistant reply."""
+    pred = choice_scores(model, tok, rows, batch_size).argmax(-1)
+    gold = torch.tensor([r["label"] for r in rows])
+    return float((pred == gold).float().mean())
+
+
+@torch.no_grad()
+def choice_scores(model, tok, rows: list[dict], batch_size: int = 16) -> torch.Tensor:
+    """``(rows, choices)`` summed log-likelihoods of each choice as the assistant reply. The LM head projects
+    only the positions that predict a choice token (``logits_to_keep``, where the model takes it)."""
+    import inspect
+
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
+    compact = "logits_to_keep" in inspect.signature(type(model).forward).parameters
     seqs = []  # (row index, choice index, ids, first completion position)
     for i, r in enumerate(rows):
         prompt = tok.apply_chat_template([{"role": "user", "content": r["question"]}], tokenize=False,
@@ -81,16 +93,20 @@ def choice_accuracy(model, tok, rows: list[dict], batch_size: int = 16) -> float
         width = max(len(x[2]) for x in batch)
         ids = torch.tensor([x[2] + [pad] * (width - len(x[2])) for x in batch], device=device)
         attn = torch.tensor([[1] * len(x[2]) + [0] * (width - len(x[2])) for x in batch], device=device)
-        logp = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits[:, :-1].float(), -1)
-        tgt = ids[:, 1:]
-        tok_lp = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+        keep = sorted({p for _, _, x, start in batch for p in range(start - 1, len(x) - 1)})  # p predicts p + 1
+        at = {p: k for k, p in enumerate(keep)}
+        keep_t = torch.tensor(keep, device=device)
+        if compact:
+            logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=keep_t).logits
+        else:
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, keep_t]
+        logp = torch.log_softmax(logits.float(), -1)
         for b, (i, j, x, start) in enumerate(batch):
-            scores[i, j] = tok_lp[b, start - 1:len(x) - 1].sum().item()
+            cols = torch.tensor([at[p] for p in range(start - 1, len(x) - 1)], device=device)
+            scores[i, j] = logp[b, cols, torch.tensor(x[start:], device=device)].sum().item()
     if was_training:
         model.train()
-    pred = scores.argmax(-1)
-    gold = torch.tensor([r["label"] for r in rows])
-    return float((pred == gold).float().mean())
+    return scores
 
 
 TASK_ROWS = {"sentiment": sentiment_rows, "compare": compare_rows}

@@ -6,7 +6,9 @@ Overrides:
 * ``training_step``: for each of q directions, two forwards under ``torch.no_grad()`` at
   ``x + mu z`` and ``x - mu z`` (z regenerated from ``seed(global_step, k)``); the projected derivatives
   of the micro-batches of one optimizer step are accumulated (same seeds, so accumulation = a larger
-  batch), averaged across processes at the step (a q-float all-reduce), clipped, applied.
+  batch), averaged across processes at the step (a q-float all-reduce), clipped, applied. Each forward
+  projects through the LM head only the positions that have a label (``label_positions_loss``: the same
+  loss as SFTTrainer's, which on CPU scores every position; completion-only data labels a few).
 * ``_save`` / ``_load_from_checkpoint``: checkpoints are normal HF folders (dense dequantized weights
   via ``save_pretrained``, loadable by ``llmkit eval/chat/serve``) plus ``lqzo_quant.safetensors`` (codes,
   zero points, trained scales) that resuming and ``model_name_or_path`` reload exactly.
@@ -58,6 +60,36 @@ def zo_trainable(model: nn.Module, settings: dict) -> tuple[list[str], list[torc
                 continue
             names.append(n), tensors.append(p), modes.append("add"), decay.append(1.0 if p.dim() >= 2 else 0.0)
     return names, tensors, modes, decay
+
+
+def label_positions_loss(model: nn.Module, inputs: dict, num_items_in_batch=None) -> tuple[torch.Tensor, dict]:
+    """``(loss, metrics)``: the causal-LM loss of ``inputs["labels"]`` (-100 = ignored) with the LM head applied
+    only where some row of the batch has a label to predict (``logits_to_keep``), so a prompt-heavy batch skips
+    most of the head's work. The loss is the summed token NLL over ``num_items_in_batch`` (else the label
+    count), as SFTTrainer's; ``metrics``: the label count, the summed entropy and the count of top-1 hits."""
+    import torch.nn.functional as F
+
+    target = inputs["labels"][:, 1:]
+    keep = (target != -100).any(0).nonzero().squeeze(-1)  # position p predicts token p + 1
+    fwd = {k: v for k, v in inputs.items() if k != "labels"} | {"use_cache": False, "logits_to_keep": keep}
+    logits = model(**fwd).logits.float()
+    tgt = target[:, keep].to(logits.device)
+    nll = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=-100, reduction="sum")
+    mask = tgt != -100
+    n = mask.sum() if num_items_in_batch is None else num_items_in_batch
+    loss = nll / torch.as_tensor(n, device=nll.device).clamp(min=1)
+    logp = torch.log_softmax(logits[mask], -1)
+    return loss, {"count": mask.sum(), "entropy": -(logp.exp() * logp).sum(),
+                  "top1": (logp.argmax(-1) == tgt[mask]).sum()}
+
+
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    import inspect
+
+    try:
+        return "logits_to_keep" in inspect.signature(type(model).forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class ZOOptimizer(torch.optim.Optimizer):
@@ -124,9 +156,20 @@ class LQZOTrainer(SFTTrainer):
         loss_is_scaled = self.model_accepts_loss_kwargs and num_items_in_batch is not None
         ga = 1.0 if loss_is_scaled else float(self.current_gradient_accumulation_steps)
 
+        # SFTTrainer's plain NLL loss, computed on the labelled positions only; anything else goes through it
+        compact = ("labels" in inputs and accepts_logits_to_keep(self.accelerator.unwrap_model(model))
+                   and self.compute_loss_func is None and self.label_smoother is None
+                   and getattr(self.args, "loss_type", "nll") == "nll" and not getattr(self, "aux_loss_enabled", False))
+
         def loss_fn():
             with self.compute_loss_context_manager():
-                return self.compute_loss(model, dict(inputs), num_items_in_batch=num_items_in_batch).detach()
+                if not compact:
+                    return self.compute_loss(model, dict(inputs), num_items_in_batch=num_items_in_batch).detach()
+                loss, m = label_positions_loss(model, dict(inputs), num_items_in_batch)
+                if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+                    loss = loss * self.accelerator.num_processes  # as SFTTrainer.compute_loss
+                self._log_forward_metrics(m)
+                return loss.detach()
 
         tokens_before = getattr(self, "_total_train_tokens", None)
         with torch.no_grad():
@@ -135,8 +178,12 @@ class LQZOTrainer(SFTTrainer):
                 dk, lp, lm = self.zo.projected(loss_fn, step, k)
                 d.append(dk / ga)
                 losses += [lp, lm]
-        if tokens_before is not None:  # SFTTrainer counts tokens per forward; count this batch once
+        if tokens_before is not None and not compact:  # SFTTrainer counts tokens per forward: once per batch
             self._total_train_tokens = tokens_before + (self._total_train_tokens - tokens_before) // (2 * self.zo.q)
+        elif tokens_before is not None and "attention_mask" in inputs:
+            self._total_train_tokens = tokens_before + int(
+                self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum())
+            self._metrics[self._metrics_mode()]["num_tokens"] = [self._total_train_tokens]
         self._acc = d if self._acc is None else [a + b for a, b in zip(self._acc, d)]
         if self.accelerator.gradient_state.sync_gradients:  # last micro-batch of this optimizer step
             acc = torch.tensor(self._acc, dtype=torch.float64, device=self.args.device)
@@ -148,6 +195,17 @@ class LQZOTrainer(SFTTrainer):
             self._acc = None
         mean_loss = sum(losses) / len(losses)
         return torch.tensor(mean_loss / ga, device=self.args.device)
+
+    def _metrics_mode(self) -> str:
+        return "train" if self.model.training else "eval"  # SFTTrainer's rule (the ZO forwards run in eval mode)
+
+    def _log_forward_metrics(self, m: dict) -> None:
+        """SFTTrainer's per-forward entropy and token accuracy, from the label positions' logits."""
+        n, ent, top1 = (self.accelerator.gather_for_metrics(m[k].reshape(1).float()).sum()
+                        for k in ("count", "entropy", "top1"))
+        metrics = self._metrics[self._metrics_mode()]
+        metrics["entropy"].append((ent / n).item() if n > 0 else 0.0)
+        metrics["mean_token_accuracy"].append((top1 / n).item() if n > 0 else 0.0)
 
     def _clip_grad_norm(self, model):
         return self._get_grad_norm(model)

@@ -36,6 +36,21 @@ def test_quantize_weight_codes_range_and_error_shrinks_with_bits():
         quantize_weight(w, 4, 48)
 
 
+@pytest.mark.parametrize("bits", [2, 4])
+def test_dequantize_in_place_gives_exactly_codes_minus_zero_times_scale_and_leaves_the_state_alone(bits):
+    w = torch.randn(24, 96, generator=torch.Generator().manual_seed(bits))
+    codes, zero, scale = quantize_weight(w, bits, 32)
+    q = QuantLinear(codes, zero, scale * 1.1, None, bits, 32)
+    state = [t.clone() for t in (q.codes, q.zero, q.scale.data)]
+    ref = ((q.codes.view(24, 3, 32).float() - q.zero[..., None]) * q.scale[..., None]).view(24, 96)
+    assert torch.equal(q.dequantize(), ref)
+    assert torch.equal(q.dequantize(torch.bfloat16), ref.to(torch.bfloat16))
+    assert all(torch.equal(a, b) for a, b in zip(state, (q.codes, q.zero, q.scale.data)))  # nothing written back
+    q.scale.requires_grad_(True)  # a first-order user: the in-place ops stay differentiable in the scale
+    q.dequantize().sum().backward()
+    assert torch.equal(q.scale.grad, (q.codes.view(24, 3, 32).float() - q.zero[..., None]).sum(-1))
+
+
 def test_quantize_model_replaces_linears_and_dequantized_state_dict_is_a_plain_checkpoint(tiny_model):
     x = torch.randint(0, 200, (2, 10))
     names = quantize_model(tiny_model, 4, 32)
@@ -331,3 +346,62 @@ def test_zo_forwards_run_in_eval_mode(tmp_path, tiny_tokenizer):
     model.register_forward_hook(lambda m, i, o: modes.append(m.training))
     _fixed_batch_trainer(tmp_path, model, tiny_tokenizer, 1e-3, 1, LQZOArguments().resolved()).train()
     assert modes and not any(modes), "a ZO forward ran in train mode (dropout masks would differ within a pair)"
+
+
+def test_the_zo_loss_on_labelled_positions_only_equals_sft_trainers_loss(tmp_path, tiny_tokenizer):
+    """The ZO forwards project only the labelled positions through the LM head; the loss (and SFTTrainer's
+    logged metrics) must be what ``SFTTrainer.compute_loss`` gives on the whole sequence, padding included."""
+    from datasets import Dataset
+
+    from llmkit.testing import tiny_llama
+    from llmkit.train.lqzo.config import LQZOConfig
+    from llmkit.train.lqzo.trainer import LQZOTrainer, accepts_logits_to_keep, label_positions_loss
+
+    model = tiny_llama()
+    quantize_model(model, 4, 32)
+    rows = [{"prompt": [{"role": "user", "content": q}], "completion": [{"role": "assistant", "content": a}]}
+            for q, a in (("Say the colours of the flag, please.", "red"), ("Hi?", "green blue red green"))]
+    args = LQZOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, use_cpu=True,
+                      report_to="none", save_strategy="no", max_length=64, logging_steps=1)
+    tr = LQZOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tiny_tokenizer,
+                     zo_settings=LQZOArguments().resolved())
+    batch = tr._prepare_inputs(next(iter(tr.get_train_dataloader())))
+    labels = batch["labels"]
+    kept = int((labels[:, 1:] != -100).any(0).sum())  # positions the head projects: under half of them here
+    assert accepts_logits_to_keep(model) and 0 < kept < labels.shape[1] // 2
+    model.eval()
+    with torch.no_grad():
+        for n_items in (None, torch.tensor(11)):
+            ref = tr.compute_loss(model, dict(batch), num_items_in_batch=n_items)
+            got, m = label_positions_loss(model, dict(batch), n_items)
+            assert got.item() == pytest.approx(ref.item(), rel=1e-5)
+    logged = tr._metrics["eval"]  # SFTTrainer's per-forward metrics (the model is in eval mode) vs ours
+    tr._log_forward_metrics(m)
+    assert logged["entropy"][-1] == pytest.approx(logged["entropy"][-2], rel=1e-4)
+    assert logged["mean_token_accuracy"][-1] == pytest.approx(logged["mean_token_accuracy"][-2])
+    assert int(m["count"]) == int((labels[:, 1:] != -100).sum())
+    widths = []
+    model.lm_head.register_forward_hook(lambda mod, i, o: widths.append(i[0].shape[1]))
+    tr.train()  # one ZO step: 2 forwards, each through the head on the labelled positions only
+    assert widths == [kept, kept]
+    # logged under SFTTrainer's mode rule, as before (the ZO step leaves the model in eval mode); the batch's
+    # tokens counted once
+    assert tr.state.log_history[0]["eval_num_tokens"] == int(batch["attention_mask"].sum())
+
+
+def test_choice_scores_from_the_kept_positions_equal_the_full_logits(tiny_model, tiny_tokenizer):
+    from llmkit.train.lqzo.task import choice_scores, compare_rows, sentiment_rows
+
+    rows = sentiment_rows(5, seed=7) + compare_rows(4, seed=7)  # prompts of several lengths in one batch
+    got = choice_scores(tiny_model, tiny_tokenizer, rows, batch_size=6)
+    ref = torch.empty_like(got)
+    with torch.no_grad():
+        for i, r in enumerate(rows):
+            p = tiny_tokenizer.apply_chat_template([{"role": "user", "content": r["question"]}], tokenize=False,
+                                                   add_generation_prompt=True)
+            p_ids = tiny_tokenizer(p, add_special_tokens=False)["input_ids"]
+            for j, c in enumerate(r["choices"]):
+                ids = p_ids + tiny_tokenizer(c, add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]
+                logp = torch.log_softmax(tiny_model(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
+                ref[i, j] = logp[torch.arange(len(p_ids) - 1, len(ids) - 1), torch.tensor(ids[len(p_ids):])].sum()
+    assert torch.allclose(got, ref, atol=1e-4, rtol=1e-5)
