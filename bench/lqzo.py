@@ -2,6 +2,11 @@
 
     python bench/lqzo.py --quick      # 40 ZO steps per run, lr swept per method, 3 seeds at INT2; ends with one JSON line
     python bench/lqzo.py              # 200 steps, 3 seeds everywhere, more validation / test rows
+    python bench/lqzo.py --long       # QZO vs LQZO at INT2 / INT4: 1000 steps at batch 1 on sentiment rows, 3 seeds
+
+--long, on both cores (one process per bit-width, then the summary; rerun the same line to resume):
+
+    export OMP_NUM_THREADS=1; (python bench/lqzo.py --long --only int2,qzo_int2,lqzo_int2,probes > /tmp/lqzo_long_a.log 2>&1 & python bench/lqzo.py --long --only fp,int4,qzo_int4,lqzo_int4 > /tmp/lqzo_long_b.log 2>&1; wait) && python bench/lqzo.py --long
 
 A fair comparison at an equal budget: every ZO run gets the same number of forward passes (steps x 2)
 on the same data (GSM8K train solutions interleaved with the procedural sentiment task, see
@@ -16,7 +21,10 @@ the same batch vs a QLoRA step (fresh process per probe); LQZO step time vs two 
 Each run cell (mezo, qzo_int4, lqzo_int4, qzo_int2, lqzo_int2, qlora_nf4) is saved to
 bench/results/lqzo[_quick]_parts/<cell>.json as soon as it finishes and reused by later invocations with
 the same configuration (``--only`` trains a subset, e.g. in two processes; ``--fresh`` ignores saved
-parts). Writes bench/results/lqzo.json (lqzo_quick.json for --quick) and a PNG.
+parts). Writes bench/results/lqzo.json (lqzo_quick.json for --quick) and a PNG. --long saves every training
+run (cell, lr, seed) as its own part in bench/results/lqzo_long_parts/ and writes lqzo_long.json: the LQZO - QZO
+test loss and accuracy paired by seed, the cost of a step, and a loud line when a chosen lr is at a sweep's edge
+(``llmkit.experiments.lqzo_long``).
 """
 
 from __future__ import annotations
@@ -53,10 +61,11 @@ def _cells(text: str) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--steps", type=int, default=None, help="ZO steps per run (quick 40, full 200)")
+    ap.add_argument("--long", action="store_true", help="QZO vs LQZO at INT2 / INT4, 1000 steps (see above)")
+    ap.add_argument("--steps", type=int, default=None, help="ZO steps per run (quick 40, full 200, long 1000)")
     ap.add_argument("--lr-sweep", type=_floats, default=None,
                     help="comma-separated ZO step sizes for the scales (relative), swept per method and bit-width "
-                         "(quick 6.25e-5,2.5e-4,1e-3; full 6.25e-5,2.5e-4,1e-3,4e-3)")
+                         "(quick 6.25e-5,2.5e-4,1e-3; full 6.25e-5,2.5e-4,1e-3,4e-3; long 1.5625e-5,6.25e-5,2.5e-4,1e-3)")
     ap.add_argument("--mezo-lr-sweep", type=_floats, default=None,
                     help="comma-separated MeZO step sizes (raw weights; quick 5e-7,2e-6; full 3e-7,1e-6,3e-6)")
     ap.add_argument("--seeds", type=int, default=None,
@@ -64,7 +73,7 @@ def main() -> int:
                          "whose comparison is the paper's claim, 1 for INT4 and MeZO (a MeZO step costs ~3x))")
     ap.add_argument("--clip", type=float, default=None, help="clip each projected derivative to [-c, c] (all methods)")
     ap.add_argument("--qlora-lr", type=float, default=2e-4)
-    ap.add_argument("--batch", type=int, default=None, help="training batch (quick 2, full 4)")
+    ap.add_argument("--batch", type=int, default=None, help="training batch (quick 2, full 4, long 1)")
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--only", type=_cells, default=None,
@@ -89,11 +98,11 @@ def main() -> int:
     from llmkit.experiments import lqzo as L
 
     try:
-        p = L.presets(args.quick, args.steps, args.lr_sweep, args.mezo_lr_sweep, args.seeds, args.batch)
+        p = L.presets(args.quick, args.steps, args.lr_sweep, args.mezo_lr_sweep, args.seeds, args.batch, args.long)
     except ValueError as e:
         ap.error(str(e))
     torch.manual_seed(0)
-    stem = "lqzo_quick" if args.quick else "lqzo"
+    stem = "lqzo_long" if args.long else "lqzo_quick" if args.quick else "lqzo"
     out_dir = ROOT / "bench" / "results"
     bench = L.LqzoBench(p, parts_dir=out_dir / f"{stem}_parts", data_dir=ROOT.parent / "shared" / "data" / "gsm8k",
                         cache=args.cache, clip=args.clip, qlora_lr=args.qlora_lr, max_length=args.max_length,
@@ -105,7 +114,12 @@ def main() -> int:
         print(f"saved parts in {bench.store.root}; still missing: {', '.join(missing)} (summary not written)",
               flush=True)
         return 0
-    res["summary"] = L.summarize(res, bench.probes())
+    if args.long:
+        from llmkit.experiments.lqzo_long import summarize_long
+
+        res["summary"] = summarize_long(res, bench.probes())
+    else:
+        res["summary"] = L.summarize(res, bench.probes())
     (out_dir / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
     L.plot(res, out_dir / f"{stem}.png")
     print(json.dumps(res["summary"]), flush=True)

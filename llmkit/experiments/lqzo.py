@@ -13,6 +13,8 @@ Pieces, each tested on its own:
 * the bench itself (``LqzoBench``): every run cell saved as a ``harness.ResultStore`` part as soon as it
   finishes, so a rerun of the same command continues; ``summarize`` and ``plot`` turn the cells into the
   JSON summary and the figure. Results: bench/results/lqzo_quick.md.
+* the long preset (``presets(long=True)``, ``llmkit.experiments.lqzo_long``): QZO vs LQZO at INT2 / INT4 on
+  the short sentiment rows, each training run saved on its own.
 """
 
 from __future__ import annotations
@@ -372,8 +374,14 @@ def run_probe(kind: str, **kw) -> dict:
 
 
 def presets(quick: bool, steps: int | None = None, lr_sweep: list[float] | None = None,
-            mezo_lr_sweep: list[float] | None = None, seeds: int | None = None, batch: int | None = None) -> dict:
-    """The run's sizes: the flags given, else the quick or full preset.
+            mezo_lr_sweep: list[float] | None = None, seeds: int | None = None, batch: int | None = None,
+            long: bool = False) -> dict:
+    """The run's sizes: the flags given, else the quick, full or long preset.
+
+    --long (``llmkit.experiments.lqzo_long``): QZO and LQZO at INT2 and INT4 only, 3 seeds each, on the
+    sentiment task alone (rows of ~60 tokens), batch 1 and 1000 steps per run; every training row is seen
+    once (n_train = steps x batch). Validation 64 rows (the lr choice), test 128 rows (completion loss and
+    two-choice accuracy on the same rows). The lr grid spans 64x in steps of 4.
 
     --quick is sized for ~60 single-threaded CPU slot-minutes (measured on 2 quiet cores: a scale-ZO step
     ~2.5 s at batch 2 x 128, a full-precision MeZO step ~7 s (it draws 135M Gaussians 4x per step), a
@@ -381,6 +389,18 @@ def presets(quick: bool, steps: int | None = None, lr_sweep: list[float] | None 
     comparison is the paper's claim, 3 seeds and the others 1. n_val 12 / n_test 24: the INT2 methods differ
     by a few hundredths of a nat, and the lr choice and the test figure should not hinge on a handful of rows.
     """
+    if long:
+        from llmkit.experiments.lqzo_long import LONG_CELLS, LONG_SKIPPED
+
+        if quick:
+            raise ValueError("--long and --quick are two different presets: choose one")
+        p = {"long": True, "steps": steps or 1000, "lrs": lr_sweep or [1.5625e-5, 6.25e-5, 2.5e-4, 1e-3],
+             "mezo_lrs": [], "cell_seeds": dict.fromkeys(LONG_CELLS, 3 if seeds is None else seeds),
+             "batch": batch or 1, "skip": list(LONG_SKIPPED)}
+        p["n_train"], p["n_val"], p["n_test"], p["n_acc"] = p["steps"] * p["batch"], 64, 128, 128
+        if p["steps"] < 1 or min(p["cell_seeds"].values()) < 1 or p["batch"] < 1:
+            raise ValueError("--steps, --seeds and --batch must be >= 1")
+        return p
     if seeds is not None:
         cell_seeds = dict.fromkeys(CELLS, seeds)
     elif quick:
@@ -410,12 +430,15 @@ class LqzoBench:
                  quick: bool = False, fresh: bool = False, estimator_seeds: int | None = None,
                  log: Callable[[str], None] = _print):
         self.p, self.data_dir, self.cache, self.clip, self.quick, self.log = p, data_dir, str(cache), clip, quick, log
+        self.long = bool(p.get("long"))
         self.estimator_seeds = estimator_seeds or (6 if quick else 16)
         self.config = {"model": MODEL, "steps": p["steps"], "clip": clip, "batch": p["batch"],
                        "max_length": max_length, "group_size": group_size, "qlora_lr": qlora_lr,
                        "n_train": p["n_train"], "n_val": p["n_val"], "n_test": p["n_test"], "n_acc": p["n_acc"]}
+        if self.long:  # other data than the quick / full presets' (their parts' configs stay as they were)
+            self.config["task"] = "sentiment"
         self.data_config = {k: self.config[k] for k in ("model", "max_length", "group_size", "n_train", "n_val",
-                                                        "n_test", "n_acc")}
+                                                        "n_test", "n_acc", "task") if k in self.config}
         self.probe_config = {k: self.config[k] for k in ("model", "batch", "max_length", "group_size")}
         self.store = ResultStore(parts_dir, self.config, fresh)
         self.fwd = p["steps"] * 2  # forward passes per ZO run (q = 1)
@@ -423,6 +446,10 @@ class LqzoBench:
     @cached_property
     def sp(self) -> dict:
         c = self.config
+        if self.long:
+            from llmkit.experiments.lqzo_long import long_splits
+
+            return long_splits(c["n_train"], c["n_val"], c["n_test"])
         return bench_splits(c["n_train"], c["n_val"], c["n_test"], c["n_acc"], seed=0, data_dir=self.data_dir)
 
     @cached_property
@@ -486,6 +513,8 @@ class LqzoBench:
                             self.tmp / f"{name}-{lr:g}-{seed}", seed=seed)
             return [r["loss"] for r in hist]
 
+        if self.long:
+            return self._train_cell_by_run(name, model, tok, settings, train, extend)
         grid = self.p["mezo_lrs"] if method == "mezo" else self.p["lrs"]
         prev = self.part(name) if extend else None
         seeds = prev["seeds"] if prev else list(range(self.p["cell_seeds"][name]))
@@ -501,6 +530,34 @@ class LqzoBench:
             r = merge_sweeps(prev, r)
             grid, wall = prev["lrs"] + grid, prev["wall_s"] + wall
         return self.save(name, {"settings": settings, "seeds": seeds, "lrs": sorted(grid), "wall_s": wall, **r})
+
+    def _train_cell_by_run(self, name: str, model, tok, settings: dict, train, extend: bool) -> dict:
+        """The long preset's cell: ``lqzo_long.tuned_runs_by_part``, each (lr, seed) run a part of its own.
+        ``extend``: the grid is the saved cell's lrs plus ``p["lrs"]`` (saved runs are reused either way)."""
+        from llmkit.experiments import lqzo_long as LL
+        from llmkit.train.lqzo.trainer import zo_trainable
+
+        prev = self.part(name) if extend else None
+        grid = sorted(set(self.p["lrs"]) | set(prev["lrs"] if prev else ()))
+        seeds = list(range(self.p["cell_seeds"][name]))
+        names = zo_trainable(model, settings)[0]
+
+        def load(lr, seed):
+            return self.store.load(LL.run_name(name, lr, seed))
+
+        def save(lr, seed, rec):
+            self.store.save(LL.run_name(name, lr, seed), rec)
+
+        def snap(lr, seed):
+            return LL.snapshot_path(self.cache, self.config, name, lr, seed)
+
+        r = LL.tuned_runs_by_part(model, grid, seeds, train, lambda m: self.val_loss(m, tok),
+                                  lambda m: self.test(m, tok), load, save,
+                                  snapshot=lambda lr, seed, m: LL.save_trained(m, names, snap(lr, seed)),
+                                  restore=lambda lr, seed, base: LL.load_trained(base, snap(lr, seed)),
+                                  log=self.log, name=name)
+        wall = sum(e["train_s"] for e in r["sweep"]) + sum(x["train_s"] for x in r["runs"][1:])
+        return self.save(name, {"settings": settings, "seeds": seeds, "lrs": grid, "wall_s": wall, **r})
 
     def qlora_cell(self) -> dict:
         c = self.config
@@ -556,6 +613,9 @@ class LqzoBench:
         res: dict = {"model": MODEL, "quick": self.quick, "zo_steps": self.p["steps"],
                      "forward_passes_per_method": self.fwd, "config": self.config, "accuracy_task": "sentiment",
                      "runs": {}}
+        if self.long:
+            res |= {"long": True, "accuracy_task": "sentiment (training, validation and test)"}
+        skip = sorted(set(skip) | set(self.p.get("skip", ())))
         todo = only if only is not None else [c for c in CELLS if c not in skip]
         need = {0, 4, 2} if only is None else {b for b, n in ((0, "fp"), (4, "int4"), (2, "int2")) if n in todo}
         for bits in (0, 4, 2):
@@ -588,7 +648,7 @@ class LqzoBench:
             self.log(self.cell_line(name, part, b))
         if only is not None and "probes" in todo:
             self.probes()
-        if only is None or "estimator" in todo:
+        if (only is None and not self.long) or (only is not None and "estimator" in todo):
             res["estimator_quality"] = self.estimator()
         elif self.part("estimator") is not None:
             res["estimator_quality"] = self.part("estimator")
@@ -711,7 +771,8 @@ def plot(res: dict, path: str | Path) -> None:
     b.set_xscale("log")
     b.set_yscale("log")
     b.set_xlabel("learning rate")
-    b.set_ylabel("validation loss (held-out GSM8K train rows)")
+    b.set_ylabel("validation loss (held-out sentiment rows)" if res.get("long")
+                 else "validation loss (held-out GSM8K train rows)")
     b.legend(fontsize=7)
     b.grid(alpha=0.3)
     before = [(res["full_precision"] if n == "mezo" else res[f"int{n[-1]}_before"])["test"]["eval_loss"] for n in cells]
@@ -723,7 +784,7 @@ def plot(res: dict, path: str | Path) -> None:
     c.axhline(res["full_precision"]["test"]["eval_loss"], color="gray", linestyle="--", linewidth=1,
               label="full precision")
     c.set_xticks(list(x), cells, rotation=30, fontsize=8)
-    c.set_ylabel("held-out GSM8K test completion loss")
+    c.set_ylabel(f"held-out {'sentiment' if res.get('long') else 'GSM8K'} test completion loss")
     c.legend(fontsize=7)
     fig.suptitle(f"LQZO bench: {res['forward_passes_per_method']} forward passes per run, lr tuned per method on "
                  "validation")

@@ -3,6 +3,8 @@ parts, the summary and the probes."""
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import math
 import shutil
@@ -232,3 +234,175 @@ def test_a_cell_is_saved_and_extend_runs_only_the_learning_rates_it_lacks(tmp_pa
     assert (ext["best_lr"], ext["lrs"], [e["lr"] for e in ext["sweep"]]) == (0.25, [0.25, 1.0, 2.0], [0.25, 1.0, 2.0])
     trained.clear()
     assert bench.train_cell("lqzo_int2", extend=True)["best_lr"] == 0.25 and trained == []  # nothing new to run
+
+
+# ----------------------------------------------------------------------------- the long preset
+
+
+def test_long_preset_sizes_and_errors():
+    from llmkit.experiments.lqzo_long import LONG_CELLS
+
+    p = L.presets(False, long=True)
+    assert (p["steps"], p["batch"], p["n_train"]) == (1000, 1, 1000)  # every training row seen once
+    assert p["cell_seeds"] == dict.fromkeys(LONG_CELLS, 3) and set(p["skip"]) == {"mezo", "qlora_nf4"}
+    assert set(LONG_CELLS) == {"qzo_int2", "lqzo_int2", "qzo_int4", "lqzo_int4"}
+    lrs = p["lrs"]
+    assert len(lrs) == 4 and all(b / a == pytest.approx(4.0) for a, b in itertools.pairwise(lrs))
+    assert (p["n_val"], p["n_test"], p["n_acc"]) == (64, 128, 128)
+    o = L.presets(False, steps=10, batch=2, seeds=2, lr_sweep=[1e-3], long=True)
+    assert (o["steps"], o["batch"], o["n_train"], o["lrs"], set(o["cell_seeds"].values())) == (10, 2, 20, [1e-3], {2})
+    with pytest.raises(ValueError, match="choose one"):
+        L.presets(True, long=True)
+    with pytest.raises(ValueError, match=">= 1"):
+        L.presets(False, seeds=0, long=True)
+    bench = L.LqzoBench(p, parts_dir="unused", data_dir=None, cache="unused")
+    assert bench.config["task"] == "sentiment" and bench.data_config["task"] == "sentiment"
+    assert "task" not in L.LqzoBench(L.presets(True), parts_dir="unused", data_dir=None, cache="unused").config
+
+
+def test_long_splits_are_sentiment_rows_with_no_question_in_two_splits():
+    from llmkit.experiments.lqzo_long import long_splits
+
+    sp = long_splits(300, 40, 50)
+    train = [r["prompt"][0]["content"] for r in sp["train_ds"]]
+    val, test = [r["question"] for r in sp["val_rows"]], [r["question"] for r in sp["test_rows"]]
+    assert (len(train), len(val), len(test)) == (300, 40, 50) and sp["test_acc_rows"] == sp["test_rows"]
+    assert not (set(train) & set(val)) and not (set(train) & set(test)) and not (set(val) & set(test))
+    assert len(set(val)) == 40 and len(set(test)) == 50
+    assert all(r["answer"] in ("positive", "negative") and "Review" in r["question"] for r in sp["test_rows"])
+    assert long_splits(300, 40, 50)["val_rows"] == sp["val_rows"]  # deterministic
+
+
+def test_tuned_runs_by_part_saves_each_run_and_resumes_after_an_interruption():
+    from llmkit.experiments.lqzo_long import tuned_runs_by_part
+
+    base = nn.Linear(1, 1, bias=False).requires_grad_(False)
+    base.weight.data.fill_(0.0)
+    saved, trained, tested, logs = {}, [], [], []
+    stop = {"at": 2}
+
+    def train(m, lr, seed):
+        if len(trained) == stop["at"]:
+            raise KeyboardInterrupt  # the run in progress is lost, the finished ones are saved
+        m.weight.data.fill_(lr + 0.01 * seed)
+        trained.append((lr, seed))
+        return [lr]
+
+    def test(m):
+        tested.append(float(m.weight))
+        return {"eval_loss": float(m.weight), "accuracy": 0.5}
+
+    def go():
+        return tuned_runs_by_part(base, [1.0, 0.3, 0.1], [0, 1, 2], train, lambda m: (float(m.weight) - 0.3) ** 2,
+                                  test, lambda lr, s: saved.get((lr, s)), lambda lr, s, r: saved.update({(lr, s): r}),
+                                  log=logs.append, name="cell")
+
+    with pytest.raises(KeyboardInterrupt):
+        go()
+    assert sorted(saved) == [(0.1, 0), (0.3, 0)] and tested == []
+    stop["at"] = 4
+    with pytest.raises(KeyboardInterrupt):
+        go()  # trains the missing lr; the chosen (0.3, seed 0) is not in memory and has no snapshot: rerun, tested
+    assert trained == [(0.1, 0), (0.3, 0), (1.0, 0), (0.3, 0)] and tested == pytest.approx([0.3])
+    assert "test" in saved[(0.3, 0)] and (0.3, 1) not in saved
+    stop["at"] = None
+    r = go()
+    assert trained[4:] == [(0.3, 1), (0.3, 2)] and tested == pytest.approx([0.3, 0.31, 0.32])
+    assert r["best_lr"] == 0.3 and not r["best_lr_at_edge"] and [x["seed"] for x in r["runs"]] == [0, 1, 2]
+    assert [e["lr"] for e in r["sweep"]] == [0.1, 0.3, 1.0] and all(x["train_s"] >= 0 for x in r["runs"])
+    n = len(trained)
+    assert go() == r and len(trained) == n  # everything saved: nothing trained or tested again
+    assert not any("!!!" in line for line in logs)
+    tuned_runs_by_part(base, [0.5, 1.0], [0], train, lambda m: (float(m.weight) - 0.3) ** 2, test,
+                       lambda lr, s: None, lambda *a: None, log=logs.append, name="edgy")
+    assert any("!!! edgy" in line and "edge" in line for line in logs)  # said loudly
+
+
+def _fake_long_bench(tmp_path, monkeypatch, lrs=(0.1, 0.3, 1.0), logs=None):
+    """A long-preset bench whose model is a 1x1 linear layer and whose training sets the weight: LQZO lands
+    0.05 + 0.01 * seed below QZO at every seed (test loss = the weight)."""
+    p = L.presets(False, long=True, lr_sweep=list(lrs), seeds=3)
+    bench = L.LqzoBench(p, parts_dir=tmp_path / "parts", data_dir=None, cache=tmp_path / "cache",
+                        log=(logs.append if logs is not None else lambda *_: None))
+    base = nn.Linear(1, 1, bias=False).requires_grad_(False)
+    base.weight.data.fill_(0.0)
+    trained = []
+
+    def fake_train(m, tok, ds, settings, steps, lr, batch, max_length, out, seed=0):
+        off = 0.0 if settings["method"] == "lqzo" else 0.05 + 0.01 * seed
+        m.weight.data.fill_(lr + off + 0.001 * seed)
+        trained.append((settings["method"], settings["quant_bits"], lr, seed))
+        return [{"loss": lr}]
+
+    monkeypatch.setattr(L, "load_model", lambda *a, **k: (copy.deepcopy(base), None))
+    monkeypatch.setattr(L, "train_zo", fake_train)
+    monkeypatch.setattr(L.LqzoBench, "sp", {"train_ds": None})
+    monkeypatch.setattr(bench, "val_loss", lambda m, tok: (float(m.weight) - 0.3) ** 2)
+    monkeypatch.setattr(bench, "test", lambda m, tok: {"eval_loss": float(m.weight), "accuracy": 1 - float(m.weight)})
+    for name, loss in (("before_fp", 0.2), ("before_int4", 0.9), ("before_int2", 5.0)):
+        bench.save(name, {"val_loss": loss, "test": {"eval_loss": loss, "accuracy": 0.5}})
+    memory = {"inference_int4": {"peak_bytes": 100}, "qlora_step_nf4": {"error": "probe qlora failed"},
+              "lqzo_step_int4": {"peak_bytes": 104, "step_s": 1.1, "two_forward_s": 1.0, "zo_overhead_s": 0.05}}
+    bench.store.save("probes", memory, bench.probe_config)
+    return bench, trained
+
+
+def test_long_bench_saves_every_run_as_a_part_and_an_interrupted_cell_loses_only_the_run_in_progress(
+        tmp_path, monkeypatch):
+    bench, trained = _fake_long_bench(tmp_path, monkeypatch)
+    real = L.train_zo
+
+    def dies_on_the_third(*a, **k):
+        if len(trained) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(L, "train_zo", dies_on_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        bench.run(["lqzo_int2"])
+    parts = sorted(f.name for f in (tmp_path / "parts").glob("run_*.json"))
+    assert parts == ["run_lqzo_int2_lr0.1_seed0.json", "run_lqzo_int2_lr0.3_seed0.json"]
+    assert len(list((tmp_path / "cache" / "lqzo_long_runs").glob("*lqzo_int2*"))) == 2  # their trained tensors
+    monkeypatch.setattr(L, "train_zo", real)
+    trained.clear()
+    res = bench.run(["lqzo_int2"])  # a fresh process would do the same: the saved runs are reused
+    # only the lost run and the reruns per seed; the chosen sweep run (0.3, seed 0) is tested from its snapshot
+    assert trained == [("lqzo", 2, 1.0, 0), ("lqzo", 2, 0.3, 1), ("lqzo", 2, 0.3, 2)]
+    cell = res["runs"]["lqzo_int2"]
+    assert cell["best_lr"] == 0.3 and [r["test"]["eval_loss"] for r in cell["runs"]] == pytest.approx(
+        [0.3, 0.301, 0.302])
+    trained.clear()
+    again = bench.run(["lqzo_int2"])
+    assert trained == [] and again["runs"]["lqzo_int2"]["runs"] == cell["runs"]
+    bench.p = dict(bench.p, lrs=[0.03])
+    bench.run(["lqzo_int2"], extend=True)  # --extend: only the new lr; it loses, so nothing else runs
+    assert trained == [("lqzo", 2, 0.03, 0)] and bench.part("lqzo_int2")["lrs"] == [0.03, 0.1, 0.3, 1.0]
+
+
+def test_long_summary_has_the_comparison_keys_and_says_the_int2_verdict(tmp_path, monkeypatch):
+    logs = []
+    bench, trained = _fake_long_bench(tmp_path, monkeypatch, logs=logs)
+    from llmkit.experiments.lqzo_long import summarize_long
+
+    # two processes, one per bit-width (--only), then the summary from the saved parts
+    bench.run(["int2", "qzo_int2", "lqzo_int2"])
+    bench.run(["fp", "int4", "qzo_int4", "lqzo_int4"])
+    n = len(trained)
+    res = bench.run()
+    assert len(trained) == n and res["runs"]["mezo"] == {"skipped": "left out of this run (--skip)"}
+    s = summarize_long(res, bench.probes(), log=logs.append)
+    for key in ("loss_after_lqzo_int2", "loss_after_qzo_int2", "loss_after_lqzo_int4", "loss_after_qzo_int4",
+                "acc_before_int2", "acc_after_lqzo_int2", "acc_after_qzo_int2", "acc_after_lqzo_int4",
+                "mem_ratio_vs_inference", "step_time_ratio_vs_2fwd", "step_time_ratio_from_zo_overhead"):
+        assert s[key] is not None and math.isfinite(s[key]), key
+    for bits in (2, 4):
+        d, a = s[f"paired_diff_int{bits}"], s[f"paired_acc_diff_int{bits}"]
+        assert d["n"] == 3 and d["seeds"] == [0, 1, 2] and d["a_better"] == 3
+        assert d["diffs"] == pytest.approx([-0.05, -0.06, -0.07]) and d["lo"] < d["mean"] < d["hi"] < 0
+        assert a["diffs"] == pytest.approx([0.05, 0.06, 0.07])
+    assert s["int2_claim"].startswith("shown")
+    assert s["loss_after_lqzo_int2"] == pytest.approx(0.301) and s["loss_before_int2"] == 5.0
+    assert s["steps_per_run"] == 1000 and s["batch"] == 1 and s["step_s"] >= 0 and s["train_core_hours"] >= 0
+    assert s["skipped"] == ["mezo", "qlora_nf4"] and s["lr_at_edge"] == [] and s["mem_ratio_vs_qlora"] is None
+    assert json.loads(json.dumps(s)) == s  # JSON-able as written
+    assert any("paper's INT2 claim" in line for line in logs)
