@@ -43,9 +43,19 @@ def _vspo_arms(d, _):
 
 
 def _vspo_align(d, _):
-    a = d["alignment"]["pick"]
-    return (f"Steering-vector check (greedy, n={d['alignment']['n']}): behaviour rate {d['base']['behavior_rate']:.3f} "
-            f"unsteered, {a['behavior_rate']:.3f} with `{a['vector']}` at alpha {a['alpha']:g}.")
+    al, a = d["alignment"], d["alignment"]["pick"]
+    t = al.get("temperature")
+    how = f"at the rollout temperature {t:g}" if t else "greedy"
+    base = a.get("base_behavior_rate", d["base"]["behavior_rate"])
+    text = (f"Steering-vector check ({how}, n={al['n']}): behaviour rate {base:.3f} unsteered, "
+            f"{a['behavior_rate']:.3f} with `{a['vector']}` at alpha {a['alpha']:g}")
+    share = d["figures"].get("steered_share_above_base")
+    if a.get("range"):
+        return text + (f"; aligned range alpha {a['range'][0]:g}-{a['range'][1]:g}, share of VSPO's rollouts sampled "
+                       f"in it {share:.2f}." if share is not None else ".")
+    return text + ("; no intensity beats the unsteered rate by the check's margin, so no rollout was sampled in an "
+                   "aligned range (`steered_share_above_base` " + (f"{share:.2f}" if share is not None else "n/a")
+                   + ") and VSPO spread its intensities evenly (linspace).")
 
 
 def _lqzo(d, _):
