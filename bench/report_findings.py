@@ -142,19 +142,10 @@ def _g_cross_default_pairs(d) -> str:
 
 
 def _g_cross_left_out(d) -> str:
-    """The pairs kept out of the worst case and why (a class missing or too small, or a score not fitted)."""
-    if "cross_source_left_out" in d:  # the reasons the run gave (a source without a class is named, with counts)
-        why = [f"{name}: {r}" for name, r in d["cross_source_left_out"].items()]
-        return f" Left out of the worst case: {'; '.join(why)}." if why else " Every pair is in the worst case."
-    why = []
-    for name, per in d["cross_source"].items():
-        if name in d["cross_source_comparable_pairs"]:
-            continue
-        err = next((r["error"] for r in per.values() if "error" in r), None)
-        r = next(iter(per.values()))
-        why.append(f"{name} (not fitted: {err})" if err else f"{name} ({r['n_pos']} violations, {r['n_neg']} "
-                   "compliant test answers)")
-    return f" Left out of the worst case: {'; '.join(why)}." if why else ""
+    """The pairs kept out of the worst case and the run's reason for each (a source without a class is named, with
+    its counts; a score that could not be fitted says why)."""
+    why = [f"{name}: {r}" for name, r in d["cross_source_left_out"].items()]
+    return f" Left out of the worst case: {'; '.join(why)}." if why else " Every pair is in the worst case."
 
 
 def _g_arms(d, _):
