@@ -28,7 +28,7 @@ from report_findings import (
     said,
     sgn,
 )
-from report_train import _halo_control, _halo_size, _lqzo, _lqzo_mem, _smith, _vspo_align, _vspo_arms
+from report_train import _halo_control, _halo_size, _lqzo, _lqzo_long, _lqzo_mem, _smith, _vspo_align, _vspo_arms
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,15 @@ SPECS: dict[str, Spec] = {
         f"INT2 gap recovered: QZO {d['summary']['recovered_fraction_qzo_int2'] * 100:+.1f}%, LQZO "
         f"{d['summary']['recovered_fraction_lqzo_int2'] * 100:+.1f}%; memory {d['summary']['mem_ratio_vs_qlora']:.2f}x "
         "QLoRA")),
+    "lqzo_long": Spec(title="LQZO vs QZO, long runs at INT2 and INT4", about="1000 zeroth-order steps per run on "
+                      "sentiment rows, lr per cell chosen on validation, 3 seeds: test loss and accuracy paired by seed.",
+                      command="python bench/lqzo.py --long   # split over two processes: `python bench/lqzo.py --help`",
+                      findings=said(_lqzo_long, _lqzo_mem), sections=("summary", "memory"), headline=lambda d, _: (
+                          f"INT2 LQZO - QZO test loss {sgn(d['summary']['paired_diff_int2']['mean'])} "
+                          f"{ci((d['summary']['paired_diff_int2']['lo'], d['summary']['paired_diff_int2']['hi']))}, "
+                          f"INT4 {sgn(d['summary']['paired_diff_int4']['mean'])} "
+                          f"{ci((d['summary']['paired_diff_int4']['lo'], d['summary']['paired_diff_int4']['hi']))} "
+                          f"({d['summary']['seeds_lqzo_int2']} seeds, {d['summary']['steps_per_run']} steps)")),
     "smith_quick": Spec(command="python bench/smith.py --quick", **SMITH, headline=lambda d, _: (
         f"held-out macro accuracy {d['conditions']['smith']:.3f} (base model without tools "
         f"{d['conditions']['no_tools']:.3f}, warm-started student without tools "

@@ -99,3 +99,26 @@ def _smith_student(d) -> str:
             + f"; on the training families GRPO verified a tool for"
             f" ({', '.join(pool['families'])}) it scores {pool['with_pool']:.3f} with those tools vs"
             f" {pool['no_tools']:.3f} without (call parse rate {pool['call_parse_rate']:.3f}).")
+
+
+def _lqzo_long(d, _):
+    s = d["summary"]
+
+    def cell(bits):
+        return (f"INT{bits} untrained {s[f'loss_before_int{bits}']:.3f}, QZO {s[f'loss_after_qzo_int{bits}']:.3f} "
+                f"(lr {s[f'lr_qzo_int{bits}']:g}), LQZO {s[f'loss_after_lqzo_int{bits}']:.3f} "
+                f"(lr {s[f'lr_lqzo_int{bits}']:g})")
+
+    def diff(bits):
+        p, a = s[f"paired_diff_int{bits}"], s[f"paired_acc_diff_int{bits}"]
+        return (f"INT{bits} {sgn(p['mean'], 3)} [{sgn(p['lo'], 3)}, {sgn(p['hi'], 3)}] (accuracy {sgn(a['mean'], 3)} "
+                f"[{sgn(a['lo'], 3)}, {sgn(a['hi'], 3)}]; LQZO lower in {p['a_better']} of {p['n']} seeds)")
+
+    edge = (" Chosen at the edge of its sweep (the optimum may lie outside): " + ", ".join(s["lr_at_edge"]) + "."
+            if s.get("lr_at_edge") else "")
+    return (f"{s['steps_per_run']} ZO steps per run at batch {s['batch']} on sentiment rows, the lr of each cell "
+            f"chosen on validation, {s['seeds_lqzo_int2']} seeds: test loss (full precision "
+            f"{s['loss_full_precision']:.3f}) {cell(2)}; {cell(4)}. LQZO minus QZO paired by seed, test loss with 95% "
+            f"interval: {diff(2)}; {diff(4)}. The paper's INT2 claim (LQZO below QZO): {s['int2_claim']}. A step "
+            f"took {s['step_s']:.2f} s on one thread, {s['train_core_hours']:.1f} core-hours of training in all."
+            + edge)
