@@ -11,7 +11,7 @@ intervals, per-step behaviour curves, the first step at ``--target`` (Kaplan-Mei
 its description: ``llmkit.experiments.vspo``; results: bench/results/vspo.md.
 
 Presets (shared 2-core CPU, one torch thread): full: 3 seeds, 4 steps of 8 rollouts, 64-token completions, 32
-evaluation problems, a curve point every step on 16, alignment on 32; split over processes with ``--part K/2
+evaluation problems, a curve point every step on 16, alignment on 64, rollouts at temperature 0.7; split over processes with ``--part K/2
 --reuse``, or ``--reuse --claim`` in each. ``--quick``: 1 seed, 24 evaluation problems, curve on 8. Writes
 bench/results/vspo[_quick].json and a PNG. ``--timing``: per-step time of VSPO vs TRL's GRPOTrainer (tiny model
 with ``--quick``), written to bench/results/vspo_timing[_quick].json.
@@ -50,9 +50,11 @@ def parse_args(argv=None):
     ap.add_argument("--behavior", default="concise_answer")
     ap.add_argument("--max-words", type=int, default=30, help="concise_answer's word limit")
     ap.add_argument("--layer", type=int, default=None, help="steering layer (default: the recipe's, 60%% depth)")
-    ap.add_argument("--align", default="all:1,1.5;answer:2,4,6", help="alignment check candidates "
+    ap.add_argument("--temperature", type=float, default=0.7, help="rollout sampling temperature (the alignment "
+                    "check samples at it too); at 1.0 the bundled model's samples are mostly incoherent, steered or not")
+    ap.add_argument("--align", default="all:0.25,0.5,0.75,1", help="alignment check candidates "
                     "'positions:alpha,alpha;...' (positions all | answer); the runs use the picked one")
-    ap.add_argument("--align-n", type=int, default=32, help="held-out problems of the alignment check")
+    ap.add_argument("--align-n", type=int, default=64, help="held-out problems of the alignment check")
     ap.add_argument("--alpha-max", type=float, default=None, help="VSPO's largest intensity (default: top of the "
                     "check's range)")
     ap.add_argument("--spread", default="aligned", choices=("aligned", "linspace", "uniform"),
@@ -110,7 +112,7 @@ def methods(args) -> None:
         eval_n=args.eval_n or (24 if args.quick else 32), tokens=args.max_new_tokens or 64, steps=steps,
         batch_size=args.batch_size, learning_rate=args.learning_rate, quick=args.quick,
         curve_every=args.curve_every or 1, curve_n=args.curve_n or (8 if args.quick else 16), target=args.target,
-        layer=args.layer)
+        layer=args.layer, temperature=args.temperature)
     t0 = time.time()
     align = ex.alignment_check(common, work, candidates=args.align, align_n=args.align_n, max_words=args.max_words,
                                threads=args.threads, reuse=args.reuse)

@@ -117,16 +117,16 @@ def summarize_methods(runs_by_method: dict[str, list[dict]], max_steps: int) -> 
 
 def run_config(*, model: str, behavior: str, max_words: int, train_path: str, test_path: str, eval_n: int,
                tokens: int, steps: int, batch_size: int, learning_rate: float, quick: bool, curve_every: int,
-               curve_n: int, target: float, layer: int | None = None) -> dict:
+               curve_n: int, target: float, layer: int | None = None, temperature: float = 0.7) -> dict:
     """The ``llmkit train vspo`` overrides every arm shares (CPU, no saving, one curve point every
-    ``curve_every`` steps on ``curve_n`` problems)."""
+    ``curve_every`` steps on ``curve_n`` problems, rollouts sampled at ``temperature``)."""
     common = {
         "model_name_or_path": model, "behavior": behavior, "verbosity_max_words": max_words,
         "dataset_name": train_path, "dataset_limit": 512, "eval_path": test_path, "eval_num_problems": eval_n,
         "eval_max_new_tokens": tokens, "eval_batch_size": 16, "steering_num_pairs": 16 if quick else 32,
         "alpha_anneal": "linear", "alpha_anneal_fraction": 0.75, "max_steps": steps,
         "per_device_train_batch_size": batch_size, "num_generations": 4, "max_completion_length": tokens,
-        "temperature": 1.0, "learning_rate": learning_rate, "lr_scheduler_type": "constant", "beta": 0.0,
+        "temperature": temperature, "learning_rate": learning_rate, "lr_scheduler_type": "constant", "beta": 0.0,
         "logging_steps": 1, "save_strategy": "no", "report_to": "none", "use_cpu": True, "bf16": False,
         "dataloader_num_workers": 0, "disable_tqdm": True, "curve_every_steps": curve_every,
         "curve_num_problems": curve_n, "target_behavior_rate": target,

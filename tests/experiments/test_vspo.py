@@ -143,6 +143,7 @@ def test_run_config_shares_one_setting_and_the_layer_only_when_given():
     assert c["max_steps"] == 4 and c["eval_num_problems"] == 24 and c["steering_num_pairs"] == 16
     assert "steering_layers" not in c and _common(layer=3, quick=False)["steering_layers"] == [3]
     assert _common(quick=False)["steering_num_pairs"] == 32
+    assert c["temperature"] == 0.7 and _common(temperature=1.0)["temperature"] == 1.0  # the rollouts' and the check's
 
 
 def test_apply_pick_sets_the_runs_steering_from_the_alignment_check(tmp_path, capsys):
@@ -168,7 +169,7 @@ def test_alignment_check_measures_every_candidate_on_held_out_rows_and_caches(tm
     common = _common(train_path=str(gsm8k_slice), test_path=str(gsm8k_slice), eval_n=1, tokens=4, layer=1)
     common.update({"steering_num_pairs": 2, "dataset_limit": 4})
     res = ex.alignment_check(common, tmp_path, candidates="all:1;answer:2,3", align_n=2, max_words=30)
-    assert loads == ["m"] and res["n"] == 2 and res["temperature"] == 1.0 and res["candidates"] == "all:1;answer:2,3"
+    assert loads == ["m"] and res["n"] == 2 and res["temperature"] == 0.7 and res["candidates"] == "all:1;answer:2,3"
     assert [(r["vector"], r["positions"], r["alpha"]) for r in res["table"]] == [
         (None, "all", 0.0), ("layer1-all", "all", 1.0), ("layer1-answer", "answer", 2.0),
         ("layer1-answer", "answer", 3.0)]
