@@ -60,6 +60,12 @@ SMITH = {"title": "SMITH tool building and use", "about": "Verified tool builds,
 LDP_FB = {"title": "LDPCache at a fixed privacy budget", "about": "Accuracy of LDPCache, LRU and per-query LDP when B "
               "epsilon is spread over Q queries (candidate mechanism).", "findings": said(_ldp_curve, _ldp_where, _ldp_plain)}
 LDP = "python bench/ldp_cache.py"
+# the committed run: each cell's sweep chosen as the runs showed where its learning rates lie (QZO diverges above
+# ~1.6e-5, LQZO needs larger steps), the runs split over two processes; the last line summarises the saved parts
+LQZO_LONG = "\n".join([f"python bench/lqzo.py --long --only {c} --lr-sweep {g}" for c, g in (
+    ("qzo_int2", "3.90625e-6,1.5625e-5,6.25e-5,2.5e-4"), ("qzo_int4", "9.765625e-7,3.90625e-6,1.5625e-5,6.25e-5,2.5e-4"),
+    ("lqzo_int2", "9.765625e-7,3.90625e-6,1.5625e-5,6.25e-5,2.5e-4"), ("lqzo_int4", "3.90625e-6,1.5625e-5,6.25e-5,2.5e-4"))]
+    + ["python bench/lqzo.py --long --only probes", "python bench/lqzo.py --long"])
 
 SPECS: dict[str, Spec] = {
     "kv_cache": Spec(command="python bench/kv_cache.py", **KV, headline=lambda d, _: (
@@ -103,7 +109,7 @@ SPECS: dict[str, Spec] = {
         "QLoRA")),
     "lqzo_long": Spec(title="LQZO vs QZO, long runs at INT2 and INT4", about="1000 zeroth-order steps per run on "
                       "sentiment rows, lr per cell chosen on validation, 3 seeds: test loss and accuracy paired by seed.",
-                      command="python bench/lqzo.py --long   # split over two processes: `python bench/lqzo.py --help`",
+                      command=LQZO_LONG,
                       findings=said(_lqzo_long, _lqzo_mem), sections=("summary", "memory"), headline=lambda d, _: (
                           f"INT2 LQZO - QZO test loss {sgn(d['summary']['paired_diff_int2']['mean'])} "
                           f"{ci((d['summary']['paired_diff_int2']['lo'], d['summary']['paired_diff_int2']['hi']))}, "

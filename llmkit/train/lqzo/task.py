@@ -66,16 +66,24 @@ def choice_accuracy(model, tok, rows: list[dict], batch_size: int = 16) -> float
     return float((pred == gold).float().mean())
 
 
+def accepts_logits_to_keep(model) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` (the LM head on chosen positions only)."""
+    import inspect
+
+    try:
+        return "logits_to_keep" in inspect.signature(type(model).forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 @torch.no_grad()
 def choice_scores(model, tok, rows: list[dict], batch_size: int = 16) -> torch.Tensor:
     """``(rows, choices)`` summed log-likelihoods of each choice as the assistant reply. The LM head projects
     only the positions that predict a choice token (``logits_to_keep``, where the model takes it)."""
-    import inspect
-
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    compact = "logits_to_keep" in inspect.signature(type(model).forward).parameters
+    compact = accepts_logits_to_keep(model)
     seqs = []  # (row index, choice index, ids, first completion position)
     for i, r in enumerate(rows):
         prompt = tok.apply_chat_template([{"role": "user", "content": r["question"]}], tokenize=False,

@@ -34,6 +34,7 @@ with warnings.catch_warnings():
 
 from llmkit.optim.zo import SeedZO
 from llmkit.train.lqzo.quant import QUANT_CONFIG, QUANT_FILE, QuantLinear, dequantized_state_dict, quant_state
+from llmkit.train.lqzo.task import accepts_logits_to_keep
 
 
 def zo_trainable(model: nn.Module, settings: dict) -> tuple[list[str], list[torch.Tensor], list[str], list[float]]:
@@ -81,15 +82,6 @@ def label_positions_loss(model: nn.Module, inputs: dict, num_items_in_batch=None
     logp = torch.log_softmax(logits[mask], -1)
     return loss, {"count": mask.sum(), "entropy": -(logp.exp() * logp).sum(),
                   "top1": (logp.argmax(-1) == tgt[mask]).sum()}
-
-
-def accepts_logits_to_keep(model: nn.Module) -> bool:
-    import inspect
-
-    try:
-        return "logits_to_keep" in inspect.signature(type(model).forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 class ZOOptimizer(torch.optim.Optimizer):
@@ -149,8 +141,25 @@ class LQZOTrainer(SFTTrainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         # eval mode, as MeZO: with dropout on, the +mu and -mu passes would see different masks and their
-        # difference would measure the masks, not the perturbation
+        # difference would measure the masks, not the perturbation. SFTTrainer files a forward's metrics (and
+        # log() reads them) by the model's mode: the step's go to "train", and the step ends in train mode, as
+        # Trainer.training_step (which sets it) leaves the model.
         model.eval()
+        ev = self._metrics["eval"]
+        seen = {k: len(v) for k, v in ev.items()}
+        try:
+            return self._zo_step(model, inputs, num_items_in_batch)
+        finally:
+            model.train()
+            for k in list(ev):  # what SFTTrainer.compute_loss filed under "eval" during this step
+                new = ev[k][seen.get(k, 0):]
+                del ev[k][seen.get(k, 0):]
+                if k != "num_tokens":
+                    self._metrics["train"][k].extend(new)
+                if not ev[k]:
+                    del ev[k]
+
+    def _zo_step(self, model, inputs, num_items_in_batch):
         inputs = self._prepare_inputs(inputs)
         step = self.state.global_step
         loss_is_scaled = self.model_accepts_loss_kwargs and num_items_in_batch is not None
@@ -178,12 +187,11 @@ class LQZOTrainer(SFTTrainer):
                 dk, lp, lm = self.zo.projected(loss_fn, step, k)
                 d.append(dk / ga)
                 losses += [lp, lm]
-        if tokens_before is not None and not compact:  # SFTTrainer counts tokens per forward: once per batch
-            self._total_train_tokens = tokens_before + (self._total_train_tokens - tokens_before) // (2 * self.zo.q)
-        elif tokens_before is not None and "attention_mask" in inputs:
-            self._total_train_tokens = tokens_before + int(
-                self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum())
-            self._metrics[self._metrics_mode()]["num_tokens"] = [self._total_train_tokens]
+        if tokens_before is not None:  # once per batch (SFTTrainer counts only train-mode forwards, ours are not)
+            local = (inputs["attention_mask"].sum() if "attention_mask" in inputs
+                     else torch.tensor(inputs["input_ids"].numel(), device=self.args.device))
+            self._total_train_tokens = tokens_before + int(self.accelerator.gather_for_metrics(local).sum())
+            self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
         self._acc = d if self._acc is None else [a + b for a, b in zip(self._acc, d)]
         if self.accelerator.gradient_state.sync_gradients:  # last micro-batch of this optimizer step
             acc = torch.tensor(self._acc, dtype=torch.float64, device=self.args.device)
@@ -196,14 +204,11 @@ class LQZOTrainer(SFTTrainer):
         mean_loss = sum(losses) / len(losses)
         return torch.tensor(mean_loss / ga, device=self.args.device)
 
-    def _metrics_mode(self) -> str:
-        return "train" if self.model.training else "eval"  # SFTTrainer's rule (the ZO forwards run in eval mode)
-
     def _log_forward_metrics(self, m: dict) -> None:
         """SFTTrainer's per-forward entropy and token accuracy, from the label positions' logits."""
         n, ent, top1 = (self.accelerator.gather_for_metrics(m[k].reshape(1).float()).sum()
                         for k in ("count", "entropy", "top1"))
-        metrics = self._metrics[self._metrics_mode()]
+        metrics = self._metrics["train"]  # only training_step's forwards come here
         metrics["entropy"].append((ent / n).item() if n > 0 else 0.0)
         metrics["mean_token_accuracy"].append((top1 / n).item() if n > 0 else 0.0)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import json
 
 import pytest
@@ -355,7 +357,8 @@ def test_the_zo_loss_on_labelled_positions_only_equals_sft_trainers_loss(tmp_pat
 
     from llmkit.testing import tiny_llama
     from llmkit.train.lqzo.config import LQZOConfig
-    from llmkit.train.lqzo.trainer import LQZOTrainer, accepts_logits_to_keep, label_positions_loss
+    from llmkit.train.lqzo.task import accepts_logits_to_keep
+    from llmkit.train.lqzo.trainer import LQZOTrainer, label_positions_loss
 
     model = tiny_llama()
     quantize_model(model, 4, 32)
@@ -375,18 +378,46 @@ def test_the_zo_loss_on_labelled_positions_only_equals_sft_trainers_loss(tmp_pat
             ref = tr.compute_loss(model, dict(batch), num_items_in_batch=n_items)
             got, m = label_positions_loss(model, dict(batch), n_items)
             assert got.item() == pytest.approx(ref.item(), rel=1e-5)
-    logged = tr._metrics["eval"]  # SFTTrainer's per-forward metrics (the model is in eval mode) vs ours
+    ref_metrics = {k: tr._metrics["eval"][k][-1] for k in ("entropy", "mean_token_accuracy")}  # SFTTrainer's
     tr._log_forward_metrics(m)
-    assert logged["entropy"][-1] == pytest.approx(logged["entropy"][-2], rel=1e-4)
-    assert logged["mean_token_accuracy"][-1] == pytest.approx(logged["mean_token_accuracy"][-2])
+    assert tr._metrics["train"]["entropy"][-1] == pytest.approx(ref_metrics["entropy"], rel=1e-4)
+    assert tr._metrics["train"]["mean_token_accuracy"][-1] == pytest.approx(ref_metrics["mean_token_accuracy"])
+    tr._metrics = {"train": collections.defaultdict(list), "eval": collections.defaultdict(list)}
     assert int(m["count"]) == int((labels[:, 1:] != -100).sum())
     widths = []
     model.lm_head.register_forward_hook(lambda mod, i, o: widths.append(i[0].shape[1]))
     tr.train()  # one ZO step: 2 forwards, each through the head on the labelled positions only
     assert widths == [kept, kept]
-    # logged under SFTTrainer's mode rule, as before (the ZO step leaves the model in eval mode); the batch's
-    # tokens counted once
-    assert tr.state.log_history[0]["eval_num_tokens"] == int(batch["attention_mask"].sum())
+    # a training step's metrics are logged as training metrics (the ZO forwards ran in eval mode, the step puts
+    # the mode back), the batch's tokens counted once
+    logged = tr.state.log_history[0]
+    assert model.training and not any(k.startswith("eval_") for k in logged)
+    assert logged["num_tokens"] == int(batch["attention_mask"].sum()) and 0 <= logged["mean_token_accuracy"] <= 1
+    assert logged["entropy"] > 0
+
+
+def test_zo_step_through_sft_compute_loss_logs_training_metrics(tmp_path, tiny_tokenizer, monkeypatch):
+    """Where the labelled-positions shortcut does not apply, SFTTrainer.compute_loss files each eval-mode forward's
+    metrics under "eval": the step moves them to "train", counts the batch's tokens once, restores the mode."""
+    from datasets import Dataset
+
+    import llmkit.train.lqzo.trainer as T
+    from llmkit.testing import tiny_llama
+    from llmkit.train.lqzo.config import LQZOConfig
+
+    monkeypatch.setattr(T, "accepts_logits_to_keep", lambda model: False)
+    model = tiny_llama()
+    quantize_model(model, 4, 32)
+    rows = [{"prompt": [{"role": "user", "content": "Hi?"}], "completion": [{"role": "assistant", "content": "red"}]}]
+    args = LQZOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=1, use_cpu=True,
+                      report_to="none", save_strategy="no", max_length=64, logging_steps=1)
+    tr = T.LQZOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tiny_tokenizer,
+                       zo_settings=LQZOArguments().resolved())
+    batch = tr._prepare_inputs(next(iter(tr.get_train_dataloader())))
+    tr.train()
+    logged = tr.state.log_history[0]
+    assert model.training and not any(k.startswith("eval_") for k in logged) and not tr._metrics["eval"]
+    assert logged["num_tokens"] == int(batch["attention_mask"].sum()) and logged["entropy"] > 0
 
 
 def test_choice_scores_from_the_kept_positions_equal_the_full_logits(tiny_model, tiny_tokenizer):
