@@ -28,7 +28,16 @@ from report_findings import (
     said,
     sgn,
 )
-from report_train import _halo_control, _halo_size, _lqzo, _lqzo_long, _lqzo_mem, _smith, _vspo_align, _vspo_arms
+from report_train import (
+    _halo_control,
+    _halo_size,
+    _lqzo,
+    _lqzo_long,
+    _lqzo_mem,
+    _smith,
+    _vspo_align,
+    _vspo_arms,
+)
 
 
 @dataclass(frozen=True)
@@ -60,8 +69,7 @@ SMITH = {"title": "SMITH tool building and use", "about": "Verified tool builds,
 LDP_FB = {"title": "LDPCache at a fixed privacy budget", "about": "Accuracy of LDPCache, LRU and per-query LDP when B "
               "epsilon is spread over Q queries (candidate mechanism).", "findings": said(_ldp_curve, _ldp_where, _ldp_plain)}
 LDP = "python bench/ldp_cache.py"
-# the committed run: each cell's sweep chosen as the runs showed where its learning rates lie (QZO diverges above
-# ~1.6e-5, LQZO needs larger steps), the runs split over two processes; the last line summarises the saved parts
+# the committed run: each cell's sweep set where its runs showed its rates lie (QZO diverges above ~1.6e-5)
 LQZO_LONG = "\n".join([f"python bench/lqzo.py --long --only {c} --lr-sweep {g}" for c, g in (
     ("qzo_int2", "3.90625e-6,1.5625e-5,6.25e-5,2.5e-4"), ("qzo_int4", "9.765625e-7,3.90625e-6,1.5625e-5,6.25e-5,2.5e-4"),
     ("lqzo_int2", "9.765625e-7,3.90625e-6,1.5625e-5,6.25e-5,2.5e-4"), ("lqzo_int4", "3.90625e-6,1.5625e-5,6.25e-5,2.5e-4"))]
