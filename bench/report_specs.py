@@ -97,7 +97,7 @@ SPECS: dict[str, Spec] = {
     "halo_full_lr3e-5_n32": Spec(title="HALO control: full finetuning at HALO's rate, n=32", about="Full finetuning "
                                  "at 3e-5 on the n=32 split of halo.json, 3 seeds.", command="python bench/halo.py "
                                  "--name halo_full_lr3e-5_n32 --methods full --lrs 3e-5 --sizes 32"),
-    "vspo": Spec(command="python bench/vspo.py", **VSPO, headline=lambda d, _: "behaviour rate " + ", ".join(
+    "vspo": Spec(command="python bench/vspo.py --temperature 1 --align 'all:1,1.5;answer:2,4,6' --align-n 32", **VSPO, headline=lambda d, _: "behaviour rate " + ", ".join(
         f"{k} {v['behavior_rate']['rate']:.3f}" for k, v in d["summary"].items())),
     "vspo_quick": Spec(command="python bench/vspo.py --quick", **VSPO),
     "vspo_timing": Spec(title="VSPO step time", about="Training-step time of VSPO vs GRPO.", command="python "
