@@ -29,6 +29,11 @@ trains its reference on the uniform mixture), so its extra cost includes that ru
 Every figure is a mean over training seeds with a 95% t-interval (``<key>_ci``); differences to
 uniform are paired by seed (``heldout_loss_diff_<method>_vs_uniform``).
 
+Each run is saved to ``bench/results/hgms_parts/<name>/<method>-s<seed>.json`` as it finishes, with the
+configuration; a rerun of the same command skips saved runs (``--fresh`` retrains), so the FULL preset can
+be split over processes with ``--methods`` and over sessions. DoReMi reuses the uniform run's model from
+``--work`` when it is there (same machine), else trains its own uniform reference first.
+
 Writes bench/results/hgms[_quick].json and .png (weight of the noisy source over steps per method;
 held-out losses per method).
 """
@@ -49,7 +54,10 @@ def parse_args():
 
     p = preset_parser(__doc__, FULL, QUICK, "smoke run (preset QUICK)",
                       choices={"corruption": ["random_words", "shuffled"]})
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
+                   help="methods to train in this invocation; the others come from saved runs (split the "
+                   "comparison over processes: --methods uniform doremi, --methods hgms, --methods doge odm)")
+    p.add_argument("--fresh", action="store_true", help="retrain runs that have saved parts")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     p.add_argument("--work", default=str(REPO / "outputs" / "hgms-bench"), help="scratch folder (data, models)")
     return p.parse_args()
@@ -59,16 +67,23 @@ def main() -> None:
     import torch
 
     from llmkit.experiments import hgms as H
-    from llmkit.experiments.harness import resolve_preset
+    from llmkit.experiments.harness import ResultStore, resolve_preset
 
     args = parse_args()
     torch.set_num_threads(args.threads)
     cfg = resolve_preset(H.FULL, H.QUICK, args.quick, args)
     work = Path(args.work) / ("quick" if args.quick else "full")
     files, heldout = H.build_data(cfg, DATA, work)
-    runs = H.run_all(cfg, args.methods, files, work, heldout, gsm8k_test=DATA / "gsm8k" / "test.jsonl")
-    summary = H.summarize(runs, cfg)
     name = "hgms_quick" if args.quick else "hgms"
+    store = ResultStore(RESULTS / "hgms_parts" / name, cfg, fresh=args.fresh)
+    runs = H.run_all(cfg, H.METHODS, files, work, heldout, gsm8k_test=DATA / "gsm8k" / "test.jsonl", store=store,
+                     train=args.methods)
+    missing = H.missing_runs(runs, cfg)
+    if missing:
+        print(f"saved {len(runs) * cfg['seeds'] - len(missing)} runs under {store.root}; the summary still needs "
+              f"{', '.join(missing)} (run the same command with --methods naming them)", flush=True)
+        return
+    summary = H.summarize(runs, cfg)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"config": cfg, "summary": summary, "methods": runs},
                                                      indent=1) + "\n")

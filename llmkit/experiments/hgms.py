@@ -121,21 +121,44 @@ def run_line(r: dict) -> str:
 
 
 def run_all(cfg: dict, methods, files: dict, work: Path, heldout: dict, gsm8k_test=None, run=run_method,
-            log: Callable[[str], None] = _print) -> dict[str, list[dict]]:
-    """``{method: [run per seed]}``; per seed, uniform runs first and its final model is DoReMi's reference."""
+            log: Callable[[str], None] = _print, store=None, train=None) -> dict[str, list[dict]]:
+    """``{method: [run per seed]}``; per seed, uniform runs first and its final model is DoReMi's reference.
+
+    ``store`` (a ``harness.ResultStore``): each run is saved as ``<method>-s<seed>`` when it finishes and a
+    saved run is loaded instead of retrained, so a long comparison can stop, resume and be split over
+    processes. ``train`` (default: every method) names the methods this invocation may train; the others
+    come from the store only, and a run in neither is left out (see ``missing_runs``)."""
     runs: dict[str, list[dict]] = {m: [] for m in METHODS if m in methods}
+    train = set(runs if train is None else train)
     for seed in range(cfg["seeds"]):
         reference = None
         for m in list(runs):
-            if m == "doremi" and reference is None:
-                log("doremi: no uniform run in this invocation; it trains its own uniform reference")
-            r = run(m, cfg, files, work, reference if m == "doremi" else None, heldout, seed, gsm8k_test)
-            r["steps"] = cfg["steps"]
+            r = store.load(f"{m}-s{seed}") if store is not None else None
+            if r is None and m not in train:
+                continue
+            if r is None:
+                if m == "doremi" and reference is None:
+                    log("doremi: no uniform model for this seed; it trains its own uniform reference")
+                r = run(m, cfg, files, work, reference if m == "doremi" else None, heldout, seed, gsm8k_test)
+                r["steps"] = cfg["steps"]
+                model_dir = r.pop("model_dir", None)
+                if store is not None:
+                    store.save(f"{m}-s{seed}", r)
+            else:
+                model_dir = str(Path(work) / f"uniform-s{seed}" / "final") if m == "uniform" else None
+                if model_dir and not Path(model_dir).is_dir():
+                    model_dir = None  # saved elsewhere: DoReMi (if it still has to run) trains its own reference
             if m == "uniform":
-                reference = r.pop("model_dir")
+                reference = model_dir
             runs[m].append(r)
             log(run_line(r))
     return runs
+
+
+def missing_runs(runs: dict[str, list[dict]], cfg: dict) -> list[str]:
+    """``<method>-s<seed>`` of every run the summary still needs."""
+    return [f"{m}-s{seed}" for m, rs in runs.items() for seed in range(cfg["seeds"])
+            if seed not in {r["seed"] for r in rs}]
 
 
 def _ci(values) -> tuple[float, list[float]]:

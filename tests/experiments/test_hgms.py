@@ -58,6 +58,36 @@ def test_run_all_trains_uniform_first_and_hands_its_model_to_doremi():
     assert "trains its own uniform reference" in lines[0]
 
 
+def test_saved_runs_resume_split_invocations_and_keep_doremis_reference(tmp_path):
+    from llmkit.experiments.harness import ResultStore
+
+    cfg = {"seeds": 2, "steps": 4}
+    store = ResultStore(tmp_path / "parts", cfg)
+    trained = []
+
+    def run(method, *a):
+        trained.append((method, a[-2]))
+        return _fake_run(method, *a)
+
+    work = tmp_path / "w"
+    (work / "uniform-s1" / "final").mkdir(parents=True)  # seed 1's uniform model is on disk, seed 0's is not
+    quiet = lambda *_: None
+    runs = H.run_all(cfg, H.METHODS, {}, work, {}, run=run, log=quiet, store=store, train=["uniform"])
+    assert trained == [("uniform", 0), ("uniform", 1)] and H.missing_runs(runs, cfg) == [
+        "hgms-s0", "hgms-s1", "doremi-s0", "doremi-s1", "doge-s0", "doge-s1", "odm-s0", "odm-s1"]
+    assert sorted(f.name for f in (tmp_path / "parts").glob("*.json")) == ["uniform-s0.json", "uniform-s1.json"]
+    trained.clear()
+    runs = H.run_all(cfg, ["uniform", "doremi"], {}, work, {}, run=run, log=quiet, store=store,
+                     train=["uniform", "doremi"])
+    assert trained == [("doremi", 0), ("doremi", 1)]  # the saved uniform runs are not retrained
+    # a saved uniform run hands DoReMi its model only where the model is still on disk
+    assert [r["reference"] for r in runs["doremi"]] == [None, str(work / "uniform-s1" / "final")]
+    assert H.missing_runs(runs, cfg) == [] and runs["uniform"][1]["heldout_loss"] == 1.01
+    other = ResultStore(tmp_path / "parts", dict(cfg, steps=5))  # another configuration sees nothing saved
+    assert H.missing_runs(H.run_all(cfg, ["uniform"], {}, work, {}, run=run, log=quiet, store=other, train=[]),
+                          cfg) == ["uniform-s0", "uniform-s1"]
+
+
 def test_summarize_means_intervals_ratios_and_paired_differences(tmp_path):
     cfg = {"seeds": 2, "steps": 4}
     runs = H.run_all(cfg, ["uniform", "hgms", "doremi"], {}, "w", {}, run=_fake_run, log=lambda *_: None)
