@@ -29,10 +29,11 @@ def _halo_control(d, load):
     c = load("halo_full_lr3e-5_n32")["summary"]["32"]
     cf, h = c["methods"]["full"], d["summary"]["32"]["methods"]
     side = "below" if cf["final_val_loss"]["mean"] < h["halo"]["final_val_loss"]["mean"] else "above"
-    return (f"Control run at n=32 ([`halo_full_lr3e-5_n32`](halo_full_lr3e-5_n32.md): full finetuning at HALO's rate "
-            f"{cf['lr']:g}, same data and seeds): final val loss {cf['final_val_loss']['mean']:.3f}, {side} HALO's "
-            f"{h['halo']['final_val_loss']['mean']:.3f}; full finetuning at its n=8-swept rate {h['full']['lr']:g} ends "
-            f"at {h['full']['final_val_loss']['mean']:.3f}. The control's target comes from its own run "
+    return (f"Control run at n=32 ([`halo_full_lr3e-5_n32`](halo_full_lr3e-5_n32.md): full finetuning at "
+            f"{cf['lr']:g}, the rate HALO took from the one-sweep protocol, same data and seeds): final val loss "
+            f"{cf['final_val_loss']['mean']:.3f}, {side} HALO's {h['halo']['final_val_loss']['mean']:.3f} at its "
+            f"rate {h['halo']['lr']:g}; full finetuning at its own swept rate {h['full']['lr']:g} ends at "
+            f"{h['full']['final_val_loss']['mean']:.3f}. The control's target comes from its own run "
             f"({c['target_val_loss']:.3f}), so its steps to target are not comparable.")
 
 
