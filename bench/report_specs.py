@@ -174,8 +174,8 @@ SPECS: dict[str, Spec] = {
                         f"rejected {d['verifier_bad_rejected']}/{d['verifier_bad_total']}")),
     "hgms_quick": Spec(title="HG-MS data-source reweighting (quick)", about="Held-out loss and the noisy source's "
                        "weight per weighting method.", command="python bench/hgms.py --quick", headline=lambda d, _: (
-                           f"noisy-source weight {d['summary']['weight_noisy_hgms']:.2f} (uniform 0.5); step time "
-                           f"{d['summary']['step_time_ratio_hgms']:.2f}x uniform")),
+                           f"noisy-source weight {d['summary']['weight_noisy_hgms']:.2f} (uniform 0.5; trust rule refused "
+                           f"{d['summary']['refused_share_hgms']:.0%} of updates); {d['summary']['step_time_ratio_hgms']:.2f}x uniform's step time")),
     "optim_quick": Spec(title="Optimizer backends in the recipes (quick)", about="Muon, Lion and UPGrad against AdamW "
                         "and summed rewards.", command="python bench/optim.py --quick", headline=lambda d, _: (
                             f"eval loss vs AdamW: Muon {d['muon_vs_adamw_eval_loss_ratio']:.3f}x, Lion "

@@ -16,7 +16,7 @@ evaluation problems, a curve point every step on 16, alignment on 64, rollouts a
 bench/results/vspo[_quick].json and a PNG. ``--timing``: per-step time of VSPO vs TRL's GRPOTrainer (tiny model
 with ``--quick``), written to bench/results/vspo_timing[_quick].json.
 
-    /work/bin/heavy .venv/bin/python bench/vspo.py [--quick] [--reuse --part K/2]
+    .venv/bin/python bench/vspo.py [--quick] [--reuse --claim]   # run the same command in two processes to split
 """
 
 from __future__ import annotations

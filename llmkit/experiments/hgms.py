@@ -184,6 +184,9 @@ def summarize(runs: dict[str, list[dict]], cfg: dict, log: Callable[[str], None]
                 summary[f"{key}_{m}"], summary[f"{key}_{m}_ci"] = _ci(vals)
         summary[f"final_weights_{m}"] = {n: float(np.mean([r["final_weights"][n] for r in rs]))
                                          for n in rs[0]["final_weights"]}
+        updates = sum(r["weight_updates"] for r in rs)
+        if m in ("hgms", "doremi", "doge") and updates:  # the trust rule's share of refused updates
+            summary[f"refused_share_{m}"] = sum(r["weight_refusals"] for r in rs) / updates
         log(f"{m}: heldout_loss {fmt_ci(summary, f'heldout_loss_{m}')}  weight_noisy "
             f"{fmt_ci(summary, f'weight_noisy_{m}')}"
             + (f"  accuracy {fmt_ci(summary, f'heldout_accuracy_{m}')}" if f"heldout_accuracy_{m}" in summary

@@ -37,7 +37,8 @@ def _fake_run(method, cfg, files, work, reference, heldout, seed, gsm8k_test):
     loss = {"uniform": 1.0, "hgms": 0.9, "doremi": 1.1}[method] + 0.01 * seed
     r = {"method": method, "seed": seed, "reference": reference, "heldout_loss": loss, "math500_loss": loss + 1,
          "target_loss": loss, "final_weights": {"gsm8k": 0.6, "noisy": 0.4 - 0.1 * seed}, "s_per_step": 1.0 + seed,
-         "train_s": 10.0, "weighting_s": 2.0 if method == "hgms" else 0.0, "weight_refusals": 0,
+         "train_s": 10.0, "weighting_s": 2.0 if method == "hgms" else 0.0,
+         "weight_refusals": int(method == "hgms" and seed == 0), "weight_updates": 0 if method == "uniform" else 2,
          "extra_passes": {"forward": 1, "backward": 2, "double_backward": 3},
          "history": [{"step": 0, "weights": {"gsm8k": 0.5, "noisy": 0.5}}]}
     if method == "uniform":
@@ -102,6 +103,7 @@ def test_summarize_means_intervals_ratios_and_paired_differences(tmp_path):
     assert s["in_run_overhead_ratio_hgms"] == pytest.approx(10 / 8)
     assert s["final_weights_uniform"] == pytest.approx({"gsm8k": 0.6, "noisy": 0.35})
     assert s["doremi_reference_cost_steps"] == 4 and "heldout_accuracy_uniform" not in s
+    assert s["refused_share_hgms"] == 0.25 and s["refused_share_doremi"] == 0 and "refused_share_uniform" not in s
     H.plot(runs, s, tmp_path / "h.png", "title")
     assert (tmp_path / "h.png").stat().st_size > 10_000
     alone = H.summarize({"hgms": runs["hgms"]}, cfg, log=lambda *_: None)  # no uniform: no ratios

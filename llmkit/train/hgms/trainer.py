@@ -109,11 +109,15 @@ class WeightController:
         self.record(step)
 
     def record(self, step: int) -> None:
-        """Weights in force from optimizer step ``step`` on (one entry per step: a later update overwrites)."""
+        """Weights in force from optimizer step ``step`` on (one entry per step: a later update overwrites),
+        with the update's signals (hypergradient, trust readings) so a refused or damped update says why."""
+        entry = {"step": int(step), "weights": self.weights_dict()}
+        if self.info:
+            entry["signals"] = dict(self.info)
         if self.history and self.history[-1]["step"] == int(step):
-            self.history[-1]["weights"] = self.weights_dict()
+            self.history[-1] = entry
         else:
-            self.history.append({"step": int(step), "weights": self.weights_dict()})
+            self.history.append(entry)
 
     def add_passes(self, passes: dict) -> None:
         for k, v in passes.items():

@@ -142,9 +142,12 @@ def test_controller_damps_by_trust_and_refuses_at_the_floor():
     assert c.apply_score(0, torch.tensor([1.0, 0.0]), trust=0.5)
     np.testing.assert_allclose(c.probs(), [np.exp(0.5) / (np.exp(0.5) + 1), 1 / (np.exp(0.5) + 1)])
     before = c.probs().copy()
+    c.info = {"hgms_trust": 0.04, "hgms_trust_newton": 0.04}
     assert not c.apply_score(1, torch.tensor([1.0, 0.0]), trust=0.04, min_trust=0.05)
     np.testing.assert_allclose(c.probs(), before)
     assert c.refused == 1 and [h["step"] for h in c.history] == [0, 1]
+    # the refused update's readings stay in the history (why the weights did not move)
+    assert "signals" not in c.history[0] and c.history[1]["signals"]["hgms_trust_newton"] == 0.04
     # the stationarity reading: smoothed gradient norm over the first one
     assert c.grad_ratio(2.0) == 1.0 and c.grad_ratio(4.0) == pytest.approx((0.7 * 2 + 0.3 * 4) / 2)
     c2 = WeightController(["a", "b"], "hgms")
