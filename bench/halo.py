@@ -6,7 +6,7 @@ training pool, seeded subsets, censored steps to target, forgetting on MATH-500)
 ``llmkit.experiments.halo``; the figures are on bench/results/halo.md.
 
     .venv/bin/python bench/halo.py --quick     # sizes 8/64, 3 seeds, 6 steps, val at steps 3/6, lrs 3e-5/1e-4/3e-4
-    .venv/bin/python bench/halo.py             # sizes 8/32, 3 seeds, 20 steps, val every 5 steps, lrs 1e-5 to 3e-4
+    .venv/bin/python bench/halo.py             # sizes 8/32, 3 seeds, 20 steps, val every 5 steps, lrs 3e-6 to 1e-3
 
 Both presets use batch 2 x 128 tokens (GSM8K prompts are ~90 tokens, so a sequence trains and scores the first
 ~40 answer tokens) and 1 torch thread. The full preset's sizes both repeat data within its 40-example budget

@@ -15,8 +15,11 @@ def _halo_size(d, _):
     for size, s in d["summary"].items():
         m = {k: v for k, v in s["methods"].items() if k in names}
         each = lambda key, nd, m=m: ", ".join(f"{names[k]} {v[key]['mean']:.{nd}f}" for k, v in m.items())
+        swept = {k: sorted(float(lr) for lr, x in d.get("sweep", {}).get(k, {}).get(size, {}).items()
+                           if x is not None) for k in m}
+        edge = lambda k, lr, swept=swept: " (sweep edge)" if len(swept[k]) > 1 and lr in (swept[k][0], swept[k][-1]) else ""
         out.append(f"n={size} (target val loss {s['target_val_loss']:.3f}; learning rates "
-                   + ", ".join(f"{names[k]} {v['lr']:g}" for k, v in m.items())
+                   + ", ".join(f"{names[k]} {v['lr']:g}{edge(k, v['lr'])}" for k, v in m.items())
                    + "): steps to target " + ", ".join(
                        f"{names[k]} {_mean_sd(v['steps_to_target'])} ({v['reached']}/{len(v['seeds'])} reached)"
                        for k, v in m.items())
@@ -29,6 +32,12 @@ def _halo_control(d, load):
     c = load("halo_full_lr3e-5_n32")["summary"]["32"]
     cf, h = c["methods"]["full"], d["summary"]["32"]["methods"]
     side = "below" if cf["final_val_loss"]["mean"] < h["halo"]["final_val_loss"]["mean"] else "above"
+    if cf["lr"] == h["full"]["lr"]:  # the per-size sweep picked the control's rate: same runs, same numbers
+        return (f"The control run at n=32 ([`halo_full_lr3e-5_n32`](halo_full_lr3e-5_n32.md), full finetuning at "
+                f"{cf['lr']:g}, made when HALO's rate came from the n=8 sweep) is now the comparison's own full arm: "
+                f"full finetuning's n=32 sweep picks {h['full']['lr']:g}; final val loss {cf['final_val_loss']['mean']:.3f} "
+                f"there, {h['full']['final_val_loss']['mean']:.3f} here, {side} HALO's "
+                f"{h['halo']['final_val_loss']['mean']:.3f} at its own n=32 rate {h['halo']['lr']:g}.")
     return (f"Control run at n=32 ([`halo_full_lr3e-5_n32`](halo_full_lr3e-5_n32.md): full finetuning at "
             f"{cf['lr']:g}, the rate HALO took from the one-sweep protocol, same data and seeds): final val loss "
             f"{cf['final_val_loss']['mean']:.3f}, {side} HALO's {h['halo']['final_val_loss']['mean']:.3f} at its "

@@ -42,7 +42,7 @@ MODEL = "smollm2-135m-instruct"
 QUICK = {"steps": 6, "batch": 2, "max_length": 128, "eval_every": 3, "sizes": "8,64", "seeds": 3, "n_val": 24,
          "n_forget": 16, "n_sweep": 16, "lrs": "3e-5,1e-4,3e-4", "pool": 1000, "forget_max_length": 192}
 FULL = {"steps": 20, "batch": 2, "max_length": 128, "eval_every": 5, "sizes": "8,32", "seeds": 3, "n_val": 24,
-        "n_forget": 16, "n_sweep": 16, "lrs": "1e-5,3e-5,1e-4,3e-4", "pool": 1000, "forget_max_length": 192}
+        "n_forget": 16, "n_sweep": 16, "lrs": "3e-6,1e-5,3e-5,1e-4,3e-4,1e-3", "pool": 1000, "forget_max_length": 192}
 SWEEP_ROWS_FROM = 7000  # GSM8K train rows from here on form the sweep split (the pool is the first `pool` rows)
 DATA_KEYS = ("n_val", "n_forget", "n_sweep", "pool", "forget_max_length")
 SCHEDULES = ("full", "halo", "lisa", "stepwise")  # the order runs are made and reported in
