@@ -89,16 +89,16 @@ SPECS: dict[str, Spec] = {
     "guard_quick": Spec(command="gunzip -c bench/results/guard_parts/responses_full.json.gz > R.json\n"
                         "python bench/guard.py --quick --engine vllm --max-new-tokens 64 --responses-cache R.json",
                         **GUARD),
-    "halo": Spec(command="python bench/halo.py --sweep_sizes smallest", **HALO, headline=lambda d, _: (
+    "halo": Spec(command="python bench/halo.py", **HALO, headline=lambda d, _: (
         f"n=32 final val loss HALO {d['figures']['final_val_loss_halo']:.3f}, full "
-        f"{d['figures']['final_val_loss_full']:.3f}, step-wise {d['figures']['final_val_loss_stepwise']:.3f} "
-        "(control: see page)")),
+        f"{d['figures']['final_val_loss_full']:.3f}, step-wise {d['figures']['final_val_loss_stepwise']:.3f} (control: see page)")),
     "halo_quick": Spec(command="python bench/halo.py --quick --sweep_sizes smallest", **HALO),
     "halo_full_lr3e-5_n32": Spec(title="HALO control: full finetuning at HALO's rate, n=32", about="Full finetuning "
                                  "at 3e-5 on the n=32 split of halo.json, 3 seeds.", command="python bench/halo.py "
                                  "--name halo_full_lr3e-5_n32 --methods full --lrs 3e-5 --sizes 32"),
-    "vspo": Spec(command="python bench/vspo.py --temperature 1 --align 'all:1,1.5;answer:2,4,6' --align-n 32", **VSPO, headline=lambda d, _: "behaviour rate " + ", ".join(
-        f"{k} {v['behavior_rate']['rate']:.3f}" for k, v in d["summary"].items())),
+    "vspo": Spec(command="python bench/vspo.py", **VSPO, headline=lambda d, _: "behaviour rate " + ", ".join(
+        f"{k} {v['behavior_rate']['rate']:.3f}" for k, v in d["summary"].items()) + "; VSPO rollouts where steering "
+        f"beats the unsteered rate {d['figures'].get('steered_share_above_base') or 0:.2f}"),
     "vspo_quick": Spec(command="python bench/vspo.py --quick", **VSPO),
     "vspo_timing": Spec(title="VSPO step time", about="Training-step time of VSPO vs GRPO.", command="python "
                         "bench/vspo.py --timing", headline=lambda d, _: (

@@ -47,9 +47,17 @@ def _halo_control(d, load):
 
 
 def _vspo_arms(d, _):
-    return "Behaviour rate after training, 95% interval: " + "; ".join(
+    def per_step(runs):  # behaviour rate at each curve step, pooled over seeds (every run has the same steps)
+        steps = sorted({p["step"] for r in runs for p in r["curve"]})
+        at = lambda s: [p for r in runs for p in r["curve"] if p["step"] == s]
+        return ", ".join(f"{sum(p['behavior_rate'] * p['n'] for p in at(s)) / sum(p['n'] for p in at(s)):.2f}"
+                         for s in steps)
+    curves = {k: rs for k, rs in d.get("runs", {}).items() if rs and all(r.get("curve") for r in rs)}
+    return ("Behaviour rate after training, 95% interval: " + "; ".join(
         f"{k} {v['behavior_rate']['rate']:.3f} [{v['behavior_rate']['ci95'][0]:.3f}, {v['behavior_rate']['ci95'][1]:.3f}]"
-        for k, v in d["summary"].items()) + "."
+        f" (accuracy {v['accuracy']['rate']:.3f})" for k, v in d["summary"].items()) + "."
+            + (" Per training step, pooled over seeds: " + "; ".join(f"{k} {per_step(rs)}" for k, rs in curves.items())
+               + "." if curves else ""))
 
 
 def _vspo_align(d, _):
