@@ -24,7 +24,8 @@ the same configuration (``--only`` trains a subset, e.g. in two processes; ``--f
 parts). Writes bench/results/lqzo.json (lqzo_quick.json for --quick) and a PNG. --long saves every training
 run (cell, lr, seed) as its own part in bench/results/lqzo_long_parts/ and writes lqzo_long.json: the LQZO - QZO
 test loss and accuracy paired by seed, the cost of a step, and a loud line when a chosen lr is at a sweep's edge
-(``llmkit.experiments.lqzo_long``).
+(``llmkit.experiments.lqzo_long``). The estimator-quality table (piece ``estimator``) is also written on its
+own, to lqzo[_quick]_estimator.json, whether or not every cell is there.
 """
 
 from __future__ import annotations
@@ -109,6 +110,12 @@ def main() -> int:
                         group_size=args.group_size, quick=args.quick, fresh=args.fresh,
                         estimator_seeds=args.estimator_seeds)
     res = bench.run(args.only, args.skip, args.extend)
+    est = res.get("estimator_quality")
+    if est is not None:  # the estimator table stands on its own: written whether or not every cell is there
+        keep = ("config", "rows", "max_length", "seeds", "best", "per_bits")
+        (out_dir / f"{stem}_estimator.json").write_text(json.dumps(
+            {"summary": est["keys"], **{k: est[k] for k in keep if k in est}}, indent=2) + "\n")
+        print(f"wrote {out_dir / f'{stem}_estimator.json'}", flush=True)
     missing = [c for c in CELLS if c not in res["runs"]]
     if missing:
         print(f"saved parts in {bench.store.root}; still missing: {', '.join(missing)} (summary not written)",

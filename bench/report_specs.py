@@ -32,6 +32,8 @@ from report_train import (
     _halo_control,
     _halo_size,
     _lqzo,
+    _lqzo_est,
+    _lqzo_est_head,
     _lqzo_long,
     _lqzo_mem,
     _smith,
@@ -93,9 +95,8 @@ SPECS: dict[str, Spec] = {
         f"n=32 final val loss HALO {d['figures']['final_val_loss_halo']:.3f}, full "
         f"{d['figures']['final_val_loss_full']:.3f}, step-wise {d['figures']['final_val_loss_stepwise']:.3f} (control: see page)")),
     "halo_quick": Spec(command="python bench/halo.py --quick --sweep_sizes smallest", **HALO),
-    "halo_full_lr3e-5_n32": Spec(title="HALO control: full finetuning at HALO's rate, n=32", about="Full finetuning "
-                                 "at 3e-5 on the n=32 split of halo.json, 3 seeds.", command="python bench/halo.py "
-                                 "--name halo_full_lr3e-5_n32 --methods full --lrs 3e-5 --sizes 32"),
+    "halo_full_lr3e-5_n32": Spec(title="HALO control: full finetuning at 3e-5, n=32", about="Full finetuning at 3e-5 on "
+                                 "the n=32 split of halo.json, 3 seeds.", command="python bench/halo.py --name halo_full_lr3e-5_n32 --methods full --lrs 3e-5 --sizes 32"),
     "vspo": Spec(command="python bench/vspo.py", **VSPO, headline=lambda d, _: "behaviour rate " + ", ".join(
         f"{k} {v['behavior_rate']['rate']:.3f}" for k, v in d["summary"].items()) + "; VSPO rollouts where steering "
         f"beats the unsteered rate {d['figures'].get('steered_share_above_base') or 0:.2f}"),
@@ -115,6 +116,9 @@ SPECS: dict[str, Spec] = {
         f"INT2 gap recovered: QZO {d['summary']['recovered_fraction_qzo_int2'] * 100:+.1f}%, LQZO "
         f"{d['summary']['recovered_fraction_lqzo_int2'] * 100:+.1f}%; memory {d['summary']['mem_ratio_vs_qlora']:.2f}x "
         "QLoRA")),
+    "lqzo_quick_estimator": Spec(title="LQZO estimator quality", about="Cosine of each zeroth-order estimate with the autograd "
+                                 "gradient of the scales, per variant, bit-width and directions q.", findings=said(_lqzo_est),
+                                 command="python bench/lqzo.py --quick --only estimator", headline=_lqzo_est_head, sections=("summary",)),
     "lqzo_long": Spec(title="LQZO vs QZO, long runs at INT2 and INT4", about="1000 zeroth-order steps per run on "
                       "sentiment rows, lr per cell chosen on validation, 3 seeds: test loss and accuracy paired by seed.",
                       command=LQZO_LONG,
@@ -138,24 +142,20 @@ SPECS: dict[str, Spec] = {
                                                        "--bit-share 0.5 --fixed-budget-out "
                                                        "ldp_cache_fixed_budget_quick_b2_bitshare05", **LDP_FB),
     "ldp_cache_fixed_budget_quick_no_gain_test": Spec(command=f"{LDP} --quick --fixed-budget-only --gain-threshold 1e9 "
-                                                      "--fixed-budget-out ldp_cache_fixed_budget_quick_no_gain_test",
-                                                      **LDP_FB),
+                                                      "--fixed-budget-out ldp_cache_fixed_budget_quick_no_gain_test", **LDP_FB),
     "ldp_cache_arith": Spec(title="LDPCache at equal epsilon per token", about="Arithmetic workloads behind llmkit "
                             "serve: accuracy, hit ratio and budget saved vs no cache.", findings=said(_ldp_arith),
                             command=f"{LDP} --workloads uniform_arith,zipf_arith", headline=lambda d, _: (
                                 f"pooled accuracy vs no cache {sgn(d['figures']['accuracy_diff_pooled'])} "
                                 f"{ci(d['figures']['accuracy_diff_pooled_ci95'])}")),
-    "ldp_cache": Spec(title="LDPCache, open-ended GSM8K workloads", about="Hit ratio, budget saved and accuracy on "
-                      "uniform and zipf GSM8K workloads.", command=f"{LDP} --workloads uniform,zipf"),
-    "ldp_cache_eviction_ablation": Spec(title="LDPCache eviction ablation", about="Hit ratio of multi-factor eviction "
-                                        "with factors removed vs LRU.", command=f"{LDP} --eviction-ablation"),
+    "ldp_cache": Spec(title="LDPCache, open-ended GSM8K workloads", about="Hit ratio, budget saved and accuracy on uniform and zipf GSM8K workloads.", command=f"{LDP} --workloads uniform,zipf"),
+    "ldp_cache_eviction_ablation": Spec(title="LDPCache eviction ablation", about="Hit ratio of multi-factor eviction with factors removed vs LRU.", command=f"{LDP} --eviction-ablation"),
     "serving": Spec(title="Serving throughput", about="llmkit serve vs sequential generate and raw vLLM.",
                     command="python bench/serving.py", headline=lambda d, _: (
                         f"hf engine {d['hf_vs_sequential_ratio']:.2f}x sequential generate; vLLM engine "
                         f"{d['vllm_vs_raw_ratio']:.2f}x raw vLLM")),
-    "serving_hf_continuous": Spec(title="Serving throughput, hf engine only", about="Continuous batching on the hf "
-                                  "engine vs sequential generate.", command="python bench/serving.py --skip-vllm "
-                                  "--out bench/results/serving_hf_continuous.json"),
+    "serving_hf_continuous": Spec(title="Serving throughput, hf engine only", about="Continuous batching on the hf engine vs sequential generate.",
+                                  command="python bench/serving.py --skip-vllm --out bench/results/serving_hf_continuous.json"),
     "serving_client": Spec(title="vLLM's own client against vLLM's server and llmkit serve", about="vllm bench serve "
                            "(random prompts, completions, ignore_eos) against vLLM's OpenAI server, llmkit serve "
                            "--engine vllm and llmkit serve (hf): output tok/s ratios, median TTFT/TPOT, failures.",

@@ -84,6 +84,33 @@ def _lqzo(d, _):
             f"{sgn(s['loss_lqzo_minus_qzo_int2'], 2)} ± {s['loss_lqzo_minus_qzo_int2_std']:.2f}.")
 
 
+def _lqzo_est(d, _):
+    s = d["summary"]
+    keys = [k for k in s if k.startswith("cos_true_grad_")]
+    names = list(dict.fromkeys(k[len("cos_true_grad_"):].rsplit("_int", 1)[0] for k in keys))
+    qs = sorted({int(k.rsplit("_q", 1)[1]) for k in keys})
+    cell = lambda n, b, q: s[f"cos_true_grad_{n}_int{b}_q{q}"]
+    per = lambda b, q: ", ".join(f"{n} {cell(n, b, q)['mean']:.4f} [{cell(n, b, q)['lo']:.4f}, {cell(n, b, q)['hi']:.4f}]"
+                                 for n in names)
+    def best(b, q):  # the highest mean, and which variants its interval does not clear
+        top = max(names, key=lambda n: cell(n, b, q)["mean"])
+        tied = [n for n in names if n != top and cell(n, b, q)["hi"] >= cell(top, b, q)["lo"]]
+        return f"highest mean {top}" + (f", not separated from {', '.join(tied)}" if tied else ", separated from all")
+    return (f"Estimator quality, the cosine between each zeroth-order estimate and the autograd gradient of the scales "
+            f"(one validation batch, mean [95% CI] over {cell(names[0], 4, qs[0])['n']} draws): "
+            + "; ".join(f"INT{b} q={q}: {per(b, q)} ({best(b, q)})" for b in (4, 2) for q in (qs[0], qs[-1]))
+            + "." + "".join(f" For scale, q Gaussian directions in the {p['num_scales']:,} INT{b} scales reach about "
+                            f"sqrt(q/D) = {(qs[-1] / p['num_scales']) ** 0.5:.4f} at q={qs[-1]}."
+                            for b, p in ((int(b), p) for b, p in d.get("per_bits", {}).items()) if b == 2))
+
+
+def _lqzo_est_head(d, _):
+    s, q = d["summary"], max(int(k.rsplit("_q", 1)[1]) for k in d["summary"] if k.startswith("cos_true_grad_"))
+    return f"cosine with the true gradient at q={q}: " + "; ".join(f"INT{b} " + ", ".join(
+        f"{k[len('cos_true_grad_'):].rsplit('_int', 1)[0]} {v['mean']:.4f}" for k, v in s.items()
+        if k.startswith("cos_true_grad_") and k.endswith(f"_int{b}_q{q}")) for b in (4, 2))
+
+
 def _lqzo_mem(d, _):
     s = d["summary"]
     return (f"An LQZO step peaks at {s['mem_ratio_vs_inference']:.2f}x inference memory and {s['mem_ratio_vs_qlora']:.2f}x"

@@ -618,16 +618,15 @@ class LqzoBench:
         skip = sorted(set(skip) | set(self.p.get("skip", ())))
         todo = only if only is not None else [c for c in CELLS if c not in skip]
         need = {0, 4, 2} if only is None else {b for b, n in ((0, "fp"), (4, "int4"), (2, "int2")) if n in todo}
-        for bits in (0, 4, 2):
-            if bits in need:
+        for bits in (0, 4, 2):  # measured where asked (or missing), else read from its saved part
+            if bits in need or self.part(f"before_int{bits}" if bits else "before_fp") is not None:
                 res[f"int{bits}_before" if bits else "full_precision"] = self.before(bits)
         for name in CELLS:
             if name in skip:
                 res["runs"][name] = {"skipped": "left out of this run (--skip)"}
                 self.log(f"{name}: skipped (not measured in this run)")
                 continue
-            if only is not None and name not in todo:
-                continue
+            # a cell this invocation does not run is still read from its saved part (the summary needs every cell)
             part = None if (extend and name in todo) else self.part(name)
             if part is None and name in todo:
                 part = self._run_cell(name, extend)

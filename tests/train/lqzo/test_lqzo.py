@@ -295,7 +295,7 @@ def test_qzo_baseline_is_additive_clipped_and_projected_onto_nonnegative_scales(
     assert (s == 0).any()
 
 
-STEPS, TINY_LR = 30, 0.5
+STEPS, TINY_LR = 30, 1.0  # at 0.5 the drop (0.0036 on one CPU) sat at the 0.004 margin; 1.0 gives ~0.037
 
 
 def _fixed_batch_trainer(tmp_path, model, tok, lr, steps, settings):
