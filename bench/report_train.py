@@ -84,11 +84,15 @@ def _lqzo(d, _):
             f"{sgn(s['loss_lqzo_minus_qzo_int2'], 2)} ± {s['loss_lqzo_minus_qzo_int2_std']:.2f}.")
 
 
+def _est_grid(s: dict) -> tuple[list[str], list[int]]:
+    """The variants and direction counts of the ``cos_true_grad_<variant>_int<bits>_q<q>`` keys, in key order."""
+    keys = [k[len("cos_true_grad_"):] for k in s if k.startswith("cos_true_grad_")]
+    return list(dict.fromkeys(k.rsplit("_int", 1)[0] for k in keys)), sorted({int(k.rsplit("_q", 1)[1]) for k in keys})
+
+
 def _lqzo_est(d, _):
     s = d["summary"]
-    keys = [k for k in s if k.startswith("cos_true_grad_")]
-    names = list(dict.fromkeys(k[len("cos_true_grad_"):].rsplit("_int", 1)[0] for k in keys))
-    qs = sorted({int(k.rsplit("_q", 1)[1]) for k in keys})
+    names, qs = _est_grid(s)
     cell = lambda n, b, q: s[f"cos_true_grad_{n}_int{b}_q{q}"]
     per = lambda b, q: ", ".join(f"{n} {cell(n, b, q)['mean']:.4f} [{cell(n, b, q)['lo']:.4f}, {cell(n, b, q)['hi']:.4f}]"
                                  for n in names)
@@ -105,10 +109,10 @@ def _lqzo_est(d, _):
 
 
 def _lqzo_est_head(d, _):
-    s, q = d["summary"], max(int(k.rsplit("_q", 1)[1]) for k in d["summary"] if k.startswith("cos_true_grad_"))
-    return f"cosine with the true gradient at q={q}: " + "; ".join(f"INT{b} " + ", ".join(
-        f"{k[len('cos_true_grad_'):].rsplit('_int', 1)[0]} {v['mean']:.4f}" for k, v in s.items()
-        if k.startswith("cos_true_grad_") and k.endswith(f"_int{b}_q{q}")) for b in (4, 2))
+    s = d["summary"]
+    names, qs = _est_grid(s)
+    return f"cosine with the true gradient at q={qs[-1]}: " + "; ".join(f"INT{b} " + ", ".join(
+        f"{n} {s[f'cos_true_grad_{n}_int{b}_q{qs[-1]}']['mean']:.4f}" for n in names) for b in (4, 2))
 
 
 def _lqzo_mem(d, _):
