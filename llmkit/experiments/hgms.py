@@ -27,9 +27,9 @@ N_LAYERS = 30  # the bundled model's decoder layers (LoRA goes on the last ``lor
 QUICK = {"steps": 12, "batch": 2, "max_length": 128, "interval": 3, "probe": 4, "iters": 5, "n_clean": 96,
          "n_noisy": 96, "n_target": 32, "n_heldout": 24, "n_math": 12, "lora_layers": 4, "lr": 2e-3,
          "weights_lr": 0.5, "select_lr": 0.01, "acc_n": 0, "seeds": 2, "corruption": "random_words"}
-FULL = {"steps": 150, "batch": 4, "max_length": 160, "interval": 5, "probe": 4, "iters": 8, "n_clean": 256,
+FULL = {"steps": 60, "batch": 4, "max_length": 128, "interval": 6, "probe": 4, "iters": 8, "n_clean": 256,
         "n_noisy": 256, "n_target": 64, "n_heldout": 64, "n_math": 32, "lora_layers": 4, "lr": 2e-3,
-        "weights_lr": 0.5, "select_lr": 0.01, "acc_n": 64, "seeds": 3, "corruption": "random_words"}
+        "weights_lr": 0.5, "select_lr": 0.01, "acc_n": 32, "seeds": 3, "corruption": "random_words"}
 
 
 def _print(msg: str) -> None:

@@ -132,6 +132,32 @@ def test_pinv_solve_matches_numpy_pinv_and_drops_small_eigenvalues():
     np.testing.assert_allclose(both.solution.numpy(), np.linalg.pinv(Hn) @ b, atol=1e-8)
 
 
+
+@pytest.mark.parametrize("seed", [27, 3])
+def test_truncated_solve_residual_is_the_true_one_and_the_minimal_residual_solve_never_exceeds_one(seed):
+    """6 Lanczos steps on a 40-dim indefinite H with a spread spectrum (the truncated regime the configs ship):
+    the reported residual is ||H x - P_kept b|| / ||P_kept b|| computed explicitly; the default
+    (minimal-residual) solve keeps it <= 1, where the Galerkin pseudoinverse amplifies an unconverged small
+    Ritz value (seed 27: a residual of about 129, far worse than x = 0)."""
+    rng = np.random.default_rng(seed)
+    Q = np.linalg.qr(rng.normal(size=(40, 40)))[0]
+    ev = np.r_[rng.uniform(0.01, 1, 30) * np.logspace(0, -3, 30), -rng.uniform(0, 0.5, 10)]
+    H, b = torch.tensor(Q @ np.diag(ev) @ Q.T), torch.tensor(rng.normal(size=40))
+    galerkin = pinv_solve(lambda v: H @ v, b, iters=6, rtol=1e-3, minimal_residual=False)
+    minres = pinv_solve(lambda v: H @ v, b, iters=6, rtol=1e-3)
+    P = minres.kept_vectors.T @ (minres.kept_vectors @ b)
+    for res in (galerkin, minres):
+        assert res.solve_residual == pytest.approx(float((H @ res.solution - P).norm() / P.norm()), rel=1e-6)
+    assert minres.solve_residual <= 1.0
+    if seed == 27:
+        assert galerkin.solve_residual > 100
+    assert minres.solve_residual <= galerkin.solve_residual
+    # once Krylov is invariant both are the pseudoinverse
+    full_g = pinv_solve(lambda v: H @ v, b, iters=41, rtol=1e-9, minimal_residual=False)
+    full_m = pinv_solve(lambda v: H @ v, b, iters=41, rtol=1e-9)
+    np.testing.assert_allclose(full_m.solution.numpy(), full_g.solution.numpy(), atol=1e-8)
+    assert full_m.solve_residual < 1e-6
+
 def test_lanczos_tridiagonal_and_truncation_keeps_top_curvature():
     rng = np.random.default_rng(1)
     A = rng.normal(size=(40, 40))

@@ -68,13 +68,17 @@ class HgmsArguments:
     hgms_trust: bool = field(default=True, metadata={
         "help": "damp each weight step by how much the hypergradient can be believed (llmkit.train.hgms.weights."
                 "hgms_trust): 1 near an inner minimizer with a good Hessian model, 0 far from one"})
-    hgms_max_grad_ratio: float = field(default=2.0, metadata={
-        "help": "trust 0 once the (smoothed) inner gradient norm reaches this multiple of its first value"})
+    hgms_max_grad_ratio: float = field(default=float("inf"), metadata={
+        "help": "trust 0 once the (smoothed) inner gradient norm reaches this multiple of its first value "
+                "(default inf: off. With LoRA the adapter starts at B = 0, where the gradient is near 0 and "
+                "grows by construction, so the ratio reads the adapter's warm-up, not the distance to a "
+                "minimizer; hgms_max_newton_gap reads that distance directly)"})
     hgms_max_negative_curvature: float = field(default=0.5, metadata={
         "help": "trust 0 once the most negative Ritz value reaches this fraction of the largest (a saddle, not "
                 "a minimizer)"})
     hgms_max_solve_residual: float = field(default=1.0, metadata={
-        "help": "trust 0 once the Lanczos solve's relative residual reaches this (1: no better than no solve)"})
+        "help": "trust 0 once the Lanczos solve's relative residual (minimal-residual solve on the kept Ritz "
+                "vectors, in [0, 1]) reaches this (1: no better than no solve)"})
     hgms_max_newton_gap: float = field(default=0.1, metadata={
         "help": "trust 0 once the Newton decrement says one Newton step would still remove this fraction of the "
                 "inner (probe) loss: the iterate is not near a minimizer"})

@@ -80,8 +80,12 @@ def hgms_trust(grad_ratio: float, negative_curvature: float, solve_residual: flo
       should shrink it; at ``max_grad_ratio`` times the start the iterate is moving away: 0.
     * ``negative_curvature``: max(0, -theta_min / theta_max) over the Ritz values. A minimizer has a
       positive semidefinite Hessian; at ``max_negative_curvature`` the point is a saddle region: 0.
-    * ``solve_residual``: ||H x - P b|| / ||P b|| of the Krylov solve; at ``max_solve_residual`` (1 is
-      no better than x = 0) the Hessian model explains nothing: 0.
+    * ``solve_residual``: ||H x - P b|| / ||P b|| of the Krylov solve (minimal residual on the kept Ritz
+      vectors, so in [0, 1]); at ``max_solve_residual`` (1 is no better than x = 0) the Hessian model
+      explains nothing: 0.
+
+    The recipe switches the first reading off by default (``hgms_max_grad_ratio``: with LoRA the
+    adapter's gradient starts near 0 at B = 0 and grows by construction); ``inf`` switches any off.
     * ``newton_gap``: (1/2) grad g^T H^+ grad g / g, the Newton decrement's estimate of how much of the
       inner loss one Newton step would still remove (on the explored subspace): the standard measure
       of distance to a minimizer. At ``max_newton_gap`` the iterate is plainly not near one: 0.
@@ -89,6 +93,8 @@ def hgms_trust(grad_ratio: float, negative_curvature: float, solve_residual: flo
     def ramp(x: float, bad: float, good: float) -> float:
         if not math.isfinite(x):
             return 0.0
+        if math.isinf(bad):  # that reading is switched off
+            return 1.0
         return min(max((bad - x) / (bad - good), 0.0), 1.0)
 
     parts = {"trust_stationarity": ramp(grad_ratio, max_grad_ratio, 1.0),

@@ -120,6 +120,9 @@ def test_hgms_trust_is_one_near_a_minimizer_and_zero_when_an_assumption_plainly_
     # a Newton step would still remove 10% of the inner loss: not near a minimizer
     assert hgms_trust(1.0, 0.0, 0.0, newton_gap=0.1)["trust"] == 0.0
     assert hgms_trust(1.0, 0.0, 0.0, newton_gap=0.05)["trust_newton"] == pytest.approx(0.5)
+    # inf switches a reading off (the recipe's default for the gradient ratio: LoRA starts at B = 0)
+    assert hgms_trust(50.0, 0.0, 0.0, max_grad_ratio=float("inf"))["trust"] == 1.0
+    assert hgms_trust(50.0, 0.5, 0.0, max_grad_ratio=float("inf"))["trust"] == 0.0
 
 
 def test_newton_gap_reads_the_distance_to_the_inner_minimizer():
