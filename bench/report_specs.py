@@ -29,6 +29,7 @@ from report_findings import (
     sgn,
 )
 from report_train import (
+    HGMS,
     _halo_control,
     _halo_size,
     _lqzo,
@@ -172,10 +173,8 @@ SPECS: dict[str, Spec] = {
                     "kernels.", command="python bench/kernels.py", headline=lambda d, _: (
                         f"strategy tests {d['strategy_tests_passed']}/{d['strategy_tests_total']}; bad kernels "
                         f"rejected {d['verifier_bad_rejected']}/{d['verifier_bad_total']}")),
-    "hgms_quick": Spec(title="HG-MS data-source reweighting (quick)", about="Held-out loss and the noisy source's "
-                       "weight per weighting method.", command="python bench/hgms.py --quick", headline=lambda d, _: (
-                           f"noisy-source weight {d['summary']['weight_noisy_hgms']:.2f} (uniform 0.5; trust rule refused "
-                           f"{d['summary']['refused_share_hgms']:.0%} of updates); {d['summary']['step_time_ratio_hgms']:.2f}x uniform's step time")),
+    "hgms_quick": Spec(title="HG-MS data-source reweighting (quick)", command="python bench/hgms.py --quick", **HGMS),
+    "hgms": Spec(title="HG-MS data-source reweighting", command="python bench/hgms.py", **HGMS),
     "optim_quick": Spec(title="Optimizer backends in the recipes (quick)", about="Muon, Lion and UPGrad against AdamW "
                         "and summed rewards.", command="python bench/optim.py --quick", headline=lambda d, _: (
                             f"eval loss vs AdamW: Muon {d['muon_vs_adamw_eval_loss_ratio']:.3f}x, Lion "

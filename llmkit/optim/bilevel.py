@@ -5,14 +5,13 @@ the upper variable (e.g. data-source weights) and y the lower one (model paramet
 
     min_x  F(x) = min_{y in S(x)} f(x, y),      S(x) = argmin_y g(x, y)            (optimistic)
 
-When S(x) is a manifold of minimizers (overparameterized training) H = d2g/dy2 is singular and the classical
-implicit-function hypergradient does not exist. Under a local PL condition F is still differentiable wherever
-the optimistic selection y*(x) = argmin_{y in S(x)} f(x, y) is unique, and::
+When S(x) is a manifold of minimizers H = d2g/dy2 is singular and the implicit-function hypergradient does not
+exist. Under a local PL condition F is differentiable where y*(x) = argmin_{y in S(x)} f(x, y) is unique, and::
 
     grad F(x) = d_x f(x, y*) - d2g/dxdy(x, y*) . H(x, y*)^+ . d_y f(x, y*)
 
-(at y*, d_y f is orthogonal to ker H, the tangent space of S(x), so it lies in range(H) where the pseudoinverse
-is the right inverse). HG-MS is select-then-differentiate: move y along S(x) to the selection, then apply it.
+(at y*, d_y f is orthogonal to ker H, the tangent space of S(x), so it lies in range(H) where H^+ is the right
+inverse). HG-MS is select-then-differentiate: move y along S(x) to the selection, then apply it.
 
 What this module computes, from Hessian-vector products only (any list of tensors, any scalar closures):
 * ``lanczos(matvec, b, iters)``: Lanczos with full reorthogonalisation on K(H, b), one HVP per step.
@@ -24,23 +23,21 @@ What this module computes, from Hessian-vector products only (any list of tensor
   runs Lanczos from a fresh random vector (orthogonal to those found) and accepts its Ritz vector of least
   ||H u|| (exact: ||H u||^2 = theta^2 + residual^2) if ||H u|| <= flat_rtol * max curvature seen.
 * ``hypergradient(inner_loss, outer_loss, params, hparams)``: the formula at the current y, in 2 forwards, 2
-  backwards (g's with ``create_graph``) and iters + 1 double-backwards through the retained gradient graph; it
-  also returns d_y g (how far from stationary the inner problem is) and, with ``flat_probes``, flat directions.
+  backwards (g's with ``create_graph``), iters + 1 double-backwards; also d_y g and (``flat_probes``) flat directions.
 * ``optimistic_select(...)``: ``steps`` iterations of y <- y - lr * P_flat d_y f (P_flat the projector on the
   certified flat directions), each optionally followed by ``retract_steps`` gradient steps on g (back to S(x)
   when it is curved); ``hgms_step`` = ``optimistic_select`` then ``hypergradient``.
 
-Selection starts Lanczos from random vectors, not from d_y f: the part of d_y f off the kept Ritz directions
-is flat only once Krylov has captured all of range(H); with an LLM's few iterations it is mostly unreached
-curvature, so stepping along it leaves S(x). Certified directions are flat, and none certified: no move.
+Selection starts Lanczos from random vectors, not from d_y f: d_y f off the kept Ritz directions is flat only
+once Krylov has captured range(H); with an LLM's few iterations it is mostly unreached curvature. Certified
+directions are flat, and none certified: no move.
 
-Deviations: the exact selection is a nonconvex problem over S(x); we take a fixed number of projected descent
-steps from the current point, each in the span of the few certified flat directions (randomized subspace
-descent: a local improvement on an LLM, not the argmin). Away from a minimizer H may be indefinite; negative
-Ritz values are dropped (``drop_negative=True``). Ritz values below ``rtol * theta_max`` count as zero, which
-makes the inverse a pseudoinverse (with norm at most 1 / (rtol * theta_max)). In the truncated regime the
-solve is minimal-residual, not Galerkin: an unconverged small kept Ritz value otherwise multiplies its error by
-1 / theta (tests/optim/test_bilevel.py has a 6-step case with a residual 129 times ||b||).
+Deviations: the exact selection is nonconvex over S(x); we take a few projected descent steps, each in the span
+of the certified flat directions (randomized subspace descent: a local improvement, not the argmin). Away from
+a minimizer H may be indefinite; negative Ritz values are dropped (``drop_negative=True``). Ritz values below
+``rtol * theta_max`` count as zero, which makes the inverse a pseudoinverse (norm <= 1 / (rtol * theta_max)).
+Truncated, the solve is minimal-residual, not Galerkin: an unconverged small kept Ritz value would multiply its
+error by 1 / theta.
 """
 
 from __future__ import annotations
