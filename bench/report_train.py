@@ -177,8 +177,7 @@ def _hgms(d, _):
     s, methods = d["summary"], list(d["methods"])
     m_ci = lambda k: f"{s[k]:.4f} [{s[k + '_ci'][0]:.4f}, {s[k + '_ci'][1]:.4f}]"
     acc = lambda m: f", accuracy {m_ci(f'heldout_accuracy_{m}')}" if f"heldout_accuracy_{m}" in s else ""
-    per = "; ".join(f"{m} {m_ci(f'heldout_loss_{m}')}{acc(m)}, noisy-source weight {s[f'weight_noisy_{m}']:.3f}"
-                    for m in methods)
+    per = "; ".join(f"{m} {m_ci(f'heldout_loss_{m}')}{acc(m)}, noisy-source weight {s[f'weight_noisy_{m}']:.3f}" for m in methods)
     diffs = [(m, s[f"heldout_loss_diff_{m}_vs_uniform"], s[f"heldout_loss_diff_{m}_vs_uniform_ci"])
              for m in methods if m != "uniform"]
     apart = [m for m, _, (lo, hi) in diffs if lo > 0 or hi < 0]
@@ -186,7 +185,8 @@ def _hgms(d, _):
             + ", ".join(f"{m} {sgn(x, 4)} {ci(c, 4)}" for m, x, c in diffs)
             + (f"; only {', '.join(apart)} separated from uniform." if apart else "; no method separated from uniform.")
             + f" The trust rule refused {s['refused_share_hgms']:.0%} of HG-MS's weight updates; HG-MS takes "
-              f"{s['step_time_ratio_hgms']:.2f}x uniform's step time.")
+              f"{s['step_time_ratio_hgms']:.2f}x uniform's step time, and its selection step also trained on "
+              f"{max(r.get('selection_examples', 0) for r in d['methods']['hgms'])} target examples per run.")
 
 
 def _hgms_head(d, _):
