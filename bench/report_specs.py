@@ -28,8 +28,8 @@ from report_findings import (
     said,
     sgn,
 )
+from report_hgms import HGMS
 from report_train import (
-    HGMS,
     _halo_control,
     _halo_size,
     _lqzo,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from report_findings import ci, said, sgn
+from report_findings import sgn
 
 
 def _mean_sd(s: dict) -> str:
@@ -172,29 +172,3 @@ def _lqzo_long(d, _):
             f"took {s['step_s']:.2f} s on one thread, {s['train_core_hours']:.1f} core-hours of training in all."
             + edge)
 
-
-def _hgms(d, _):
-    s, methods = d["summary"], list(d["methods"])
-    m_ci = lambda k: f"{s[k]:.4f} [{s[k + '_ci'][0]:.4f}, {s[k + '_ci'][1]:.4f}]"
-    acc = lambda m: f", accuracy {m_ci(f'heldout_accuracy_{m}')}" if f"heldout_accuracy_{m}" in s else ""
-    per = "; ".join(f"{m} {m_ci(f'heldout_loss_{m}')}{acc(m)}, noisy-source weight {s[f'weight_noisy_{m}']:.3f}" for m in methods)
-    diffs = [(m, s[f"heldout_loss_diff_{m}_vs_uniform"], s[f"heldout_loss_diff_{m}_vs_uniform_ci"])
-             for m in methods if m != "uniform"]
-    apart = [m for m, _, (lo, hi) in diffs if lo > 0 or hi < 0]
-    return (f"Held-out GSM8K loss (mean [95% CI] over {s['seeds']} seeds): {per}. Paired by seed, minus uniform: "
-            + ", ".join(f"{m} {sgn(x, 4)} {ci(c, 4)}" for m, x, c in diffs)
-            + (f"; only {', '.join(apart)} separated from uniform." if apart else "; no method separated from uniform.")
-            + f" The trust rule refused {s['refused_share_hgms']:.0%} of HG-MS's weight updates; HG-MS takes "
-              f"{s['step_time_ratio_hgms']:.2f}x uniform's step time, and its selection step also trained on "
-              f"{max(r.get('selection_examples', 0) for r in d['methods']['hgms'])} target examples per run.")
-
-
-def _hgms_head(d, _):
-    s = d["summary"]
-    diffs = ", ".join(f"{m} {sgn(s[f'heldout_loss_diff_{m}_vs_uniform'], 3)}" for m in d["methods"] if m != "uniform")
-    return (f"held-out loss minus uniform: {diffs}; noisy-source weight HG-MS {s['weight_noisy_hgms']:.2f}, DoReMi "
-            f"{s['weight_noisy_doremi']:.2f} (uniform 0.5; HG-MS updates refused {s['refused_share_hgms']:.0%})")
-
-
-HGMS = {"about": "Held-out GSM8K loss and accuracy and the noisy source's weight per weighting method, with seed "
-                 "intervals and differences to uniform paired by seed.", "headline": _hgms_head, "findings": said(_hgms)}
