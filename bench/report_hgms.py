@@ -40,7 +40,7 @@ def _hgms_rank(d, _):
                if h["weights"] == prev["weights"] and "signals" in h]  # a refused update leaves the weights as they were
     saddle = sum(x.get("hgms_trust_curvature", 1) == 0 for x in refused)
     return (f"By mean held-out loss: {' < '.join(order)}. HG-MS is below {below}. Its first trusted weight update "
-            f"came at step {', '.join(str(x) for x in first)} (per seed, of {runs['hgms'][0]['steps']}); of its "
+            f"came at step {', '.join('never' if x is None else str(x) for x in first)} (per seed, of {runs['hgms'][0]['steps']}); of its "
             f"{len(refused)} refused updates, {saddle} read a saddle (smoothed negative curvature at least half the "
             "largest Ritz value: LoRA starts at B = 0, a saddle of the inner loss).")
 
