@@ -12,7 +12,7 @@ def _hgms(d, _):
     per = "; ".join(f"{m} {m_ci(f'heldout_loss_{m}')}{acc(m)}, noisy-source weight {s[f'weight_noisy_{m}']:.3f}" for m in methods)
     diffs = [(m, s[f"heldout_loss_diff_{m}_vs_uniform"], s[f"heldout_loss_diff_{m}_vs_uniform_ci"])
              for m in methods if m != "uniform"]
-    apart = [m for m, _, (lo, hi) in diffs if lo > 0 or hi < 0]
+    apart = [f"{m} ({'higher' if lo > 0 else 'lower'})" for m, _, (lo, hi) in diffs if lo > 0 or hi < 0]
     return (f"Held-out GSM8K loss (mean [95% CI] over {s['seeds']} seeds): {per}. Paired by seed, minus uniform: "
             + ", ".join(f"{m} {sgn(x, 4)} {ci(c, 4)}" for m, x, c in diffs)
             + (f"; only {', '.join(apart)} separated from uniform." if apart else "; no method separated from uniform.")
