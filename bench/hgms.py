@@ -26,9 +26,9 @@ trains its reference on the uniform mixture), so its extra cost includes that ru
     .venv/bin/python bench/hgms.py --quick     # smoke run: 12 steps x 2 examples x 128 tokens, 2 seeds
     .venv/bin/python bench/hgms.py             # FULL: 60 steps x 4 examples x 128 tokens, an update every 6, 3 seeds
 
-FULL is sized for these 2 CPU cores: a training step takes about 9 s on one thread, an HG-MS update (8 Lanczos
-HVPs and the selection's 8 more, 2 sources x 4 probe examples, through the last 2 layers) about 2 minutes, so
-the 15 runs take about 3.5 core-hours (split over two processes with ``--methods``).
+FULL is sized for these 2 CPU cores (its 15 runs fit an afternoon split over two processes with ``--methods``);
+each run's seconds per step and seconds spent on weight updates are in hgms.json (``s_per_step``,
+``weighting_s``) and on bench/results/hgms.md.
 
 Every figure is a mean over training seeds with a 95% t-interval (``<key>_ci``); differences to
 uniform are paired by seed (``heldout_loss_diff_<method>_vs_uniform``).
