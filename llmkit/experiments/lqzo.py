@@ -639,9 +639,8 @@ class LqzoBench:
                              f"{part['before']['eval_loss']:.4f} -> {part['after']['eval_loss']:.4f}, accuracy "
                              f"{part['before']['accuracy']:.3f} -> {part['after']['accuracy']:.3f}")
                 continue
-            key, piece = (("full_precision", "before_fp") if name == "mezo"
-                          else (f"int{name[-1]}_before", f"before_int{name[-1]}"))
-            b = res.get(key) or self.part(piece) or {"test": {"eval_loss": float("nan"), "accuracy": float("nan")}}
+            key = "full_precision" if name == "mezo" else f"int{name[-1]}_before"  # set above when its part is saved
+            b = res.get(key) or {"test": {"eval_loss": float("nan"), "accuracy": float("nan")}}
             part["test_loss"], part["test_accuracy"] = (seed_stats(part["runs"], "eval_loss"),
                                                         seed_stats(part["runs"], "accuracy"))
             self.log(self.cell_line(name, part, b))

@@ -132,7 +132,6 @@ def test_pinv_solve_matches_numpy_pinv_and_drops_small_eigenvalues():
     np.testing.assert_allclose(both.solution.numpy(), np.linalg.pinv(Hn) @ b, atol=1e-8)
 
 
-
 @pytest.mark.parametrize("seed", [27, 3])
 def test_truncated_solve_residual_is_the_true_one_and_the_minimal_residual_solve_never_exceeds_one(seed):
     """6 Lanczos steps on a 40-dim indefinite H with a spread spectrum (the truncated regime the configs ship):
@@ -157,6 +156,7 @@ def test_truncated_solve_residual_is_the_true_one_and_the_minimal_residual_solve
     full_m = pinv_solve(lambda v: H @ v, b, iters=41, rtol=1e-9)
     np.testing.assert_allclose(full_m.solution.numpy(), full_g.solution.numpy(), atol=1e-8)
     assert full_m.solve_residual < 1e-6
+
 
 def test_lanczos_tridiagonal_and_truncation_keeps_top_curvature():
     rng = np.random.default_rng(1)

@@ -74,7 +74,7 @@ def hgms_trust(grad_ratio: float, negative_curvature: float, solve_residual: flo
 
     The hypergradient is the derivative through the inner solution; it describes the current iterate
     only when that iterate is near a minimizer of the inner loss and the truncated Hessian model is
-    good. Three readings, each 1 when that holds and 0 when it plainly does not, multiplied:
+    good. Four readings, each 1 when that holds and 0 when it plainly does not, multiplied:
 
     * ``grad_ratio``: the inner gradient norm (smoothed) over its value at the first update. Training
       should shrink it; at ``max_grad_ratio`` times the start the iterate is moving away: 0.
@@ -83,12 +83,12 @@ def hgms_trust(grad_ratio: float, negative_curvature: float, solve_residual: flo
     * ``solve_residual``: ||H x - P b|| / ||P b|| of the Krylov solve (minimal residual on the kept Ritz
       vectors, so in [0, 1]); at ``max_solve_residual`` (1 is no better than x = 0) the Hessian model
       explains nothing: 0.
-
-    The recipe switches the first reading off by default (``hgms_max_grad_ratio``: with LoRA the
-    adapter's gradient starts near 0 at B = 0 and grows by construction); ``inf`` switches any off.
     * ``newton_gap``: (1/2) grad g^T H^+ grad g / g, the Newton decrement's estimate of how much of the
       inner loss one Newton step would still remove (on the explored subspace): the standard measure
       of distance to a minimizer. At ``max_newton_gap`` the iterate is plainly not near one: 0.
+
+    The recipe switches the first reading off by default (``hgms_max_grad_ratio``: with LoRA the
+    adapter's gradient starts near 0 at B = 0 and grows by construction); ``inf`` switches any off.
     """
     def ramp(x: float, bad: float, good: float) -> float:
         if not math.isfinite(x):
