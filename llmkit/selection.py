@@ -301,7 +301,7 @@ def select_best(score: Callable[..., float], num_arms: int, num_problems: int, d
     arms = []
     for a in range(num_arms):
         n = int(algo.counts[a])
-        k = int(round(float(algo.means[a]) * n))
+        k = round(float(algo.means[a]) * n)
         ci = binomtest(k, n).proportion_ci(confidence_level=1 - delta) if n else None
         arms.append({"estimate": k / n if n else None, "interval": [ci.low, ci.high] if ci else None,
                      "pulls": n, "problems_scored": len(seen[a])})

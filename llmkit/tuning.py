@@ -36,7 +36,7 @@ def load_objective(spec: str):
             raise ValueError(f"cannot import objective module '{target}': {e}") from None
     f = getattr(mod, fn, None)
     if not callable(f):
-        raise ValueError(f"'{fn}' is not a function in {target}")
+        raise ValueError(f"'{fn}' is not a function in {target}")  # noqa: TRY004 - a bad --objective spec, not a type error
     return f
 
 

@@ -551,7 +551,7 @@ def _truncate(scores: torch.Tensor, temperature, top_k, min_p, top_p) -> torch.T
     hold more than ``top_p`` of the mass, every token after them is dropped anyway; only rows where even the
     4096 do not are sorted in full.
     """
-    n, vocab = scores.shape
+    vocab = scores.shape[1]
     dev = scores.device
     scores = scores / torch.tensor(temperature, dtype=scores.dtype, device=dev)[:, None]
     ks = [k if 0 < k < vocab else 0 for k in top_k]

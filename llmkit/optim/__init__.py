@@ -26,7 +26,7 @@ _EXPORTS = {
 SUBMODULES = ("sign", "muon", "imuon", "mirror", "ssn", "jd", "zo", "bilevel", "bandits", "es", "bo",
               "constrained", "dro", "inverse", "tensor", "matrix", "hf")
 
-__all__ = sorted(_EXPORTS) + list(SUBMODULES)
+__all__ = [*sorted(_EXPORTS), *SUBMODULES]  # noqa: PLE0604 - built from the lazy-import table, all str
 
 
 def __getattr__(name: str):

@@ -27,6 +27,7 @@ told so far. ``random_search`` is the baseline the tests compare with at equal e
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -111,10 +112,8 @@ class BatchedThompsonSampling(_AskTell):
         X = torch.tensor(self._to_unit(np.asarray(self.X)), dtype=torch.double)
         Y = -torch.tensor(self.y, dtype=torch.double).unsqueeze(-1)  # botorch maximizes
         model = SingleTaskGP(X, Y, outcome_transform=Standardize(m=1))
-        try:
+        with contextlib.suppress(Exception):  # a failed fit keeps the default hyperparameters
             fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
-        except Exception:  # noqa: BLE001 - a failed fit keeps the default hyperparameters
-            pass
         sampler = MaxPosteriorSampling(model=model, replacement=False)
         with torch.no_grad():
             picks = sampler(torch.tensor(cand, dtype=torch.double), num_samples=self.batch_size)
@@ -214,5 +213,5 @@ def hartmann3(x) -> float:
 TEST_FUNCTIONS = {"branin": (branin, [(-5.0, 10.0), (0.0, 15.0)], 0.397887),
                   "hartmann3": (hartmann3, [(0.0, 1.0)] * 3, -3.86278)}
 
-__all__ = ["BatchedThompsonSampling", "RandomizedNeuralBO", "TEST_FUNCTIONS", "branin", "hartmann3",
+__all__ = ["TEST_FUNCTIONS", "BatchedThompsonSampling", "RandomizedNeuralBO", "branin", "hartmann3",
            "random_search", "run_ask_tell"]

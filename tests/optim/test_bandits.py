@@ -7,8 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from llmkit.optim.bandits import (TopTwoEBTCI, UniformAllocation, characteristic_time, identify_best,
-                                  localize_minimizer)
+from llmkit.optim.bandits import (
+    TopTwoEBTCI,
+    UniformAllocation,
+    characteristic_time,
+    identify_best,
+    localize_minimizer,
+)
 
 MU = np.array([0.7, 0.5, 0.4, 0.3])  # Bernoulli instance with a unique best arm
 
@@ -72,7 +77,7 @@ def test_interface_and_tracking_fraction():
 
 
 def test_max_samples_caps_the_run():
-    arm, n = identify_best(lambda k: 0.5, 3, 0.05, max_samples=50)  # equal arms never separate
+    _arm, n = identify_best(lambda k: 0.5, 3, 0.05, max_samples=50)  # equal arms never separate
     assert n == 50
 
 
@@ -90,8 +95,8 @@ def test_localize_minimizer_within_eps(name, f, xstar, sigma):
     hits = []
     for s in range(12):
         rng = np.random.default_rng(s)
-        x, evals = localize_minimizer(lambda x: f(x) + sigma * rng.standard_normal(), -1.0, 2.0, eps, delta,
-                                      sigma=sigma)
+        x, evals = localize_minimizer(lambda x, rng=rng: f(x) + sigma * rng.standard_normal(), -1.0, 2.0, eps,
+                                      delta, sigma=sigma)
         hits.append(abs(x - xstar) <= eps)
         assert evals > 0
     assert np.mean(hits) >= 1 - delta

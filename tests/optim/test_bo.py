@@ -31,7 +31,7 @@ def test_ask_tell_interface():
 def test_no_uncertainty_sampling_phase():
     # after a few points of a 1-D quadratic, the second batch goes near the observed minimum (Thompson),
     # not to the least explored end of the interval (where uncertainty sampling would go)
-    f = lambda p: (p[0] - 0.3) ** 2  # noqa: E731
+    f = lambda p: (p[0] - 0.3) ** 2
     opt = BatchedThompsonSampling([(0.0, 1.0)], batch_size=4, seed=0)
     xs = [[0.1], [0.25], [0.3], [0.35], [0.5]]
     opt.tell(xs, [f(x) for x in xs])

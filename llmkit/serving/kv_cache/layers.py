@@ -22,7 +22,6 @@ from llmkit.kernels.kv_quant import (
     quantize_pack,
     quantize_tokens_ref,
     role_maps,
-    unpack_codes,
 )
 from llmkit.serving.kv_cache import baselines as bl
 from llmkit.serving.kv_cache.inquant import (
