@@ -12,7 +12,8 @@ A fair comparison at an equal budget: every ZO run gets the same number of forwa
 on the same data (GSM8K train solutions interleaved with the procedural sentiment task, see
 llmkit/train/lqzo/task.py for why that task). Each method (and bit-width) gets its OWN learning rate,
 chosen from a small sweep (``--lr-sweep`` for the scale-training methods, ``--mezo-lr-sweep`` for MeZO
-on raw weights) by the completion loss on validation problems (GSM8K *train* problems never trained
+on raw weights, ``--qlora-lr-sweep`` for the first-order QLoRA reference, which trains for as many
+steps as a ZO run makes forward passes) by the completion loss on validation problems (GSM8K *train* problems never trained
 on); the chosen lr is then rerun for each of ``--seeds`` seeds, and only the test figures are reported:
 completion loss on held-out GSM8K *test* solutions and two-choice accuracy on held-out sentiment
 problems (``llmkit.experiments.lqzo.tuned_runs``). Also: peak memory of an LQZO step vs a forward of
@@ -73,7 +74,9 @@ def main() -> int:
                     help="seeds per cell at the chosen lr, all cells (default: full 3; quick 3 for the INT2 cells, "
                          "whose comparison is the paper's claim, 1 for INT4 and MeZO (a MeZO step costs ~3x))")
     ap.add_argument("--clip", type=float, default=None, help="clip each projected derivative to [-c, c] (all methods)")
-    ap.add_argument("--qlora-lr", type=float, default=2e-4)
+    ap.add_argument("--qlora-lr-sweep", type=_floats, default=None,
+                    help="comma-separated QLoRA (AdamW) learning rates, chosen on validation like the ZO cells' "
+                         "(quick 5e-5,2e-4,8e-4; full adds 3.2e-3)")
     ap.add_argument("--batch", type=int, default=None, help="training batch (quick 2, full 4, long 1)")
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--group-size", type=int, default=64)
@@ -99,14 +102,15 @@ def main() -> int:
     from llmkit.experiments import lqzo as L
 
     try:
-        p = L.presets(args.quick, args.steps, args.lr_sweep, args.mezo_lr_sweep, args.seeds, args.batch, args.long)
+        p = L.presets(args.quick, args.steps, args.lr_sweep, args.mezo_lr_sweep, args.seeds, args.batch, args.long,
+                      args.qlora_lr_sweep)
     except ValueError as e:
         ap.error(str(e))
     torch.manual_seed(0)
     stem = "lqzo_long" if args.long else "lqzo_quick" if args.quick else "lqzo"
     out_dir = ROOT / "bench" / "results"
     bench = L.LqzoBench(p, parts_dir=out_dir / f"{stem}_parts", data_dir=ROOT.parent / "shared" / "data" / "gsm8k",
-                        cache=args.cache, clip=args.clip, qlora_lr=args.qlora_lr, max_length=args.max_length,
+                        cache=args.cache, clip=args.clip, max_length=args.max_length,
                         group_size=args.group_size, quick=args.quick, fresh=args.fresh,
                         estimator_seeds=args.estimator_seeds)
     res = bench.run(args.only, args.skip, args.extend)

@@ -194,7 +194,7 @@ def _val_scores(sweep: list[dict]) -> dict:
 
 
 def tuned_runs(base, lrs: list[float], seeds: list[int], train_fn, val_fn, test_fn, log=print, name: str = "",
-               beat: float | None = None) -> dict:
+               beat: float | None = None, make: Callable[[], object] | None = None) -> dict:
     """A fair per-method comparison at a fixed budget: pick the learning rate on validation, report on test.
 
     For each ``lr`` in ``lrs`` (``harness.lr_sweep``, smallest first): a fresh copy of ``base`` is trained by
@@ -204,14 +204,18 @@ def tuned_runs(base, lrs: list[float], seeds: list[int], train_fn, val_fn, test_
     never sees the test rows, and test never picks anything. Returns ``{sweep: [{lr, val_loss, train_loss}],
     best_lr, best_lr_at_edge, runs: [{seed, test, train_loss}]}``. ``beat``: the best validation loss of an
     earlier sweep being extended (``merge_sweeps``); when no lr here beats it, nothing is tested or rerun.
+    ``make``: builds each fresh model instead of copying ``base`` (a bitsandbytes 4-bit model is reloaded).
     """
     if not lrs or not seeds:
         raise ValueError("tuned_runs needs at least one learning rate and one seed")
     sweep: list[dict] = []
     best: dict = {}  # the best model so far: kept to be tested instead of trained again
 
+    def fresh():
+        return make() if make is not None else copy.deepcopy(base)
+
     def score(lr: float) -> float:
-        model = copy.deepcopy(base)
+        model = fresh()
         hist = train_fn(model, lr, seeds[0])
         v = float(val_fn(model))
         ok = math.isfinite(v)
@@ -227,7 +231,7 @@ def tuned_runs(base, lrs: list[float], seeds: list[int], train_fn, val_fn, test_
         return {"sweep": sweep, "best_lr": best_lr, "best_lr_at_edge": None, "runs": []}
     runs = [{"seed": seeds[0], "test": test_fn(best.pop("model")), "train_loss": sweep[best["i"]]["train_loss"]}]
     for s in seeds[1:]:
-        model = copy.deepcopy(base)
+        model = fresh()
         hist = train_fn(model, best_lr, s)
         runs.append({"seed": s, "test": test_fn(model), "train_loss": hist})
         del model
@@ -375,7 +379,7 @@ def run_probe(kind: str, **kw) -> dict:
 
 def presets(quick: bool, steps: int | None = None, lr_sweep: list[float] | None = None,
             mezo_lr_sweep: list[float] | None = None, seeds: int | None = None, batch: int | None = None,
-            long: bool = False) -> dict:
+            long: bool = False, qlora_lr_sweep: list[float] | None = None) -> dict:
     """The run's sizes: the flags given, else the quick, full or long preset.
 
     --long (``llmkit.experiments.lqzo_long``): QZO and LQZO at INT2 and INT4 only, 3 seeds each, on the
@@ -404,12 +408,13 @@ def presets(quick: bool, steps: int | None = None, lr_sweep: list[float] | None 
     if seeds is not None:
         cell_seeds = dict.fromkeys(CELLS, seeds)
     elif quick:
-        cell_seeds = {"mezo": 1, "qzo_int4": 1, "lqzo_int4": 1, "qzo_int2": 3, "lqzo_int2": 3}
+        cell_seeds = {"mezo": 1, "qzo_int4": 1, "lqzo_int4": 1, "qzo_int2": 3, "lqzo_int2": 3, "qlora_nf4": 1}
     else:
         cell_seeds = dict.fromkeys(CELLS, 3)
     p = {"steps": steps or (40 if quick else 200),
          "lrs": lr_sweep or ([6.25e-5, 2.5e-4, 1e-3] if quick else [6.25e-5, 2.5e-4, 1e-3, 4e-3]),
          "mezo_lrs": mezo_lr_sweep or ([5e-7, 2e-6] if quick else [3e-7, 1e-6, 3e-6]),
+         "qlora_lrs": qlora_lr_sweep or ([5e-5, 2e-4, 8e-4] if quick else [5e-5, 2e-4, 8e-4, 3.2e-3]),
          "cell_seeds": cell_seeds, "batch": batch or (2 if quick else 4)}
     p["n_val"], p["n_test"], p["n_acc"], p["n_train"] = (12, 24, 24, 400) if quick else (32, 64, 200, 1000)
     if p["steps"] < 1 or min(cell_seeds.values()) < 1 or p["batch"] < 1:
@@ -426,14 +431,14 @@ class LqzoBench:
     """
 
     def __init__(self, p: dict, *, parts_dir: str | Path, data_dir: str | Path | None, cache: str | Path,
-                 clip: float | None = None, qlora_lr: float = 2e-4, max_length: int = 128, group_size: int = 64,
+                 clip: float | None = None, max_length: int = 128, group_size: int = 64,
                  quick: bool = False, fresh: bool = False, estimator_seeds: int | None = None,
                  log: Callable[[str], None] = _print):
         self.p, self.data_dir, self.cache, self.clip, self.quick, self.log = p, data_dir, str(cache), clip, quick, log
         self.long = bool(p.get("long"))
         self.estimator_seeds = estimator_seeds or (6 if quick else 16)
         self.config = {"model": MODEL, "steps": p["steps"], "clip": clip, "batch": p["batch"],
-                       "max_length": max_length, "group_size": group_size, "qlora_lr": qlora_lr,
+                       "max_length": max_length, "group_size": group_size,
                        "n_train": p["n_train"], "n_val": p["n_val"], "n_test": p["n_test"], "n_acc": p["n_acc"]}
         if self.long:  # other data than the quick / full presets' (their parts' configs stay as they were)
             self.config["task"] = "sentiment"
@@ -560,14 +565,25 @@ class LqzoBench:
         return self.save(name, {"settings": settings, "seeds": seeds, "lrs": grid, "wall_s": wall, **r})
 
     def qlora_cell(self) -> dict:
+        """First-order QLoRA (NF4 base + LoRA, AdamW through TRL) for as many steps as a ZO run makes forward
+        passes, its lr chosen on validation from ``p["qlora_lrs"]`` like the ZO cells': the accuracy reference.
+        ``before`` is the untrained NF4 model (another quantizer than the ZO cells' INT4)."""
         c = self.config
-        model, tok = qlora_model()
-        b = self.test(model, tok)
+        base, tok = qlora_model()
+        before = self.test(base, tok)
+        del base
+        seeds, lrs = list(range(self.p["cell_seeds"]["qlora_nf4"])), sorted(self.p["qlora_lrs"])
         t0 = time.perf_counter()
-        hist = train_qlora(model, tok, self.sp["train_ds"], self.fwd, c["qlora_lr"], c["batch"], c["max_length"],
-                           self.tmp / "qlora")
-        return self.save("qlora_nf4", {"before": b, "after": self.test(model, tok), "lr": c["qlora_lr"],
-                                       "train_loss": [r["loss"] for r in hist], "wall_s": time.perf_counter() - t0})
+
+        def train(m, lr, seed):
+            hist = train_qlora(m, tok, self.sp["train_ds"], self.fwd, lr, c["batch"], c["max_length"],
+                               self.tmp / f"qlora-{lr:g}-{seed}", seed=seed)
+            return [r["loss"] for r in hist]
+
+        r = tuned_runs(None, lrs, seeds, train, lambda m: self.val_loss(m, tok), lambda m: self.test(m, tok),
+                       name="qlora_nf4", log=self.log, make=lambda: qlora_model()[0])
+        return self.save("qlora_nf4", {"seeds": seeds, "lrs": lrs, "wall_s": time.perf_counter() - t0,
+                                       "before": before, **r})
 
     def probes(self) -> dict:
         """Memory and step time, one fresh process per probe."""
@@ -596,7 +612,7 @@ class LqzoBench:
         return part
 
     def cell_line(self, name: str, part: dict, before: dict) -> str:
-        """The printed line of a ZO cell: the sweep, the chosen lr and the test figures before -> after."""
+        """The printed line of a cell: the sweep, the chosen lr and the test figures before -> after."""
         loss, acc = part["test_loss"], part["test_accuracy"]
         sweep = ", ".join(f"{e['lr']:g}: {e['val_loss']:.4f}" if e["val_loss"] is not None else f"{e['lr']:g}: diverged"
                           for e in part["sweep"])
@@ -605,7 +621,8 @@ class LqzoBench:
                 + (" (edge of the sweep)" if part["best_lr_at_edge"] else "")
                 + f"; test loss {before['test']['eval_loss']:.4f} -> {loss['mean']:.4f} +- {loss['std']:.4f}, "
                 f"accuracy {before['test']['accuracy']:.3f} -> {acc['mean']:.3f} +- {acc['std']:.3f} "
-                f"({n} seed{'s' if n > 1 else ''}, {self.fwd} forward passes each)")
+                f"({n} seed{'s' if n > 1 else ''}, {self.fwd} "
+                + ("first-order steps" if name == "qlora_nf4" else "forward passes") + " each)")
 
     def run(self, only: list[str] | None = None, skip: list[str] = (), extend: bool = False) -> dict:
         """Every cell this invocation needs: run what ``only`` names (all when ``None``), load the rest from
@@ -633,14 +650,13 @@ class LqzoBench:
             if part is None:
                 continue
             res["runs"][name] = part
-            if name == "qlora_nf4":
-                if "after" in part:
-                    self.log(f"qlora_nf4 (first order, lr {part['lr']:g}, {self.fwd} steps): test loss "
-                             f"{part['before']['eval_loss']:.4f} -> {part['after']['eval_loss']:.4f}, accuracy "
-                             f"{part['before']['accuracy']:.3f} -> {part['after']['accuracy']:.3f}")
+            if "runs" not in part:  # a QLoRA run that failed (its error is the part)
                 continue
-            key = "full_precision" if name == "mezo" else f"int{name[-1]}_before"  # set above when its part is saved
-            b = res.get(key) or {"test": {"eval_loss": float("nan"), "accuracy": float("nan")}}
+            if name == "qlora_nf4":
+                b = {"test": part["before"]}
+            else:
+                key = "full_precision" if name == "mezo" else f"int{name[-1]}_before"  # set above when saved
+                b = res.get(key) or {"test": {"eval_loss": float("nan"), "accuracy": float("nan")}}
             part["test_loss"], part["test_accuracy"] = (seed_stats(part["runs"], "eval_loss"),
                                                         seed_stats(part["runs"], "accuracy"))
             self.log(self.cell_line(name, part, b))
@@ -701,7 +717,7 @@ def summarize(res: dict, memory: dict, log: Callable[[str], None] = _print) -> d
                 f"(per seed: {', '.join(f'{x:+.4f}' for x in d['diffs'])}; LQZO lower in {d['a_better']} of "
                 f"{len(d['diffs'])})")
 
-    def after(cell, key):
+    def after(cell, key):  # skipped or failed cells have no runs
         return runs[cell][f"test_{key}"]["mean"] if "runs" in runs[cell] else None
 
     def recovered(cell):
@@ -709,7 +725,6 @@ def summarize(res: dict, memory: dict, log: Callable[[str], None] = _print) -> d
         return sum(rec) / len(rec) if rec else None
 
     paired2, paired4 = res.get("paired_lqzo_minus_qzo_int2") or {}, res.get("paired_lqzo_minus_qzo_int4") or {}
-    zo_cells = [c for c in CELLS if c != "qlora_nf4"]
     return {
         "loss_full_precision": fp_loss,
         "loss_before_int4": res["int4_before"]["test"]["eval_loss"],
@@ -732,8 +747,13 @@ def summarize(res: dict, memory: dict, log: Callable[[str], None] = _print) -> d
         "acc_after_lqzo_int2": after("lqzo_int2", "accuracy"),
         "acc_after_qzo_int2": after("qzo_int2", "accuracy"),
         "acc_after_mezo": after("mezo", "accuracy"),
-        **{f"lr_{c}": runs[c].get("best_lr") for c in zo_cells},
-        **{f"seeds_{c}": len(runs[c].get("runs", [])) for c in zo_cells},
+        "loss_before_qlora_nf4": runs["qlora_nf4"].get("before", {}).get("eval_loss"),
+        "loss_after_qlora_nf4": after("qlora_nf4", "loss"),
+        "acc_before_qlora_nf4": runs["qlora_nf4"].get("before", {}).get("accuracy"),
+        "acc_after_qlora_nf4": after("qlora_nf4", "accuracy"),
+        **{f"lr_{c}": runs[c].get("best_lr") for c in CELLS},
+        **{f"seeds_{c}": len(runs[c].get("runs", [])) for c in CELLS},
+        "lr_at_edge": [c for c in CELLS if runs[c].get("best_lr_at_edge")],
         "skipped": [c for c in CELLS if "skipped" in runs[c]],
         "mem_ratio_vs_inference": mem_ratio,
         "mem_ratio_vs_qlora": lq["peak_bytes"] / ql["peak_bytes"] if ql else None,

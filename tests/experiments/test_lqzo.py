@@ -236,6 +236,40 @@ def test_a_cell_is_saved_and_extend_runs_only_the_learning_rates_it_lacks(tmp_pa
     assert bench.train_cell("lqzo_int2", extend=True)["best_lr"] == 0.25 and trained == []  # nothing new to run
 
 
+def test_the_qlora_reference_is_tuned_on_validation_from_a_fresh_model_per_run(tmp_path, monkeypatch):
+    """QLoRA's lr is picked like the ZO cells' (validation, then test); each run starts from a fresh load
+    (a 4-bit model is reloaded, not deep-copied), and the part says what the untrained NF4 model scored."""
+    p = L.presets(True, qlora_lr_sweep=[1.0, 0.1, 3.0], seeds=2)
+    assert p["qlora_lrs"] == [1.0, 0.1, 3.0] and L.presets(True)["cell_seeds"]["qlora_nf4"] == 1
+    bench = L.LqzoBench(p, parts_dir=tmp_path, data_dir=None, cache=tmp_path, log=lambda *_: None)
+    loads, trained = [], []
+
+    def fake_model():
+        m = nn.Linear(1, 1, bias=False).requires_grad_(False)
+        m.weight.data.fill_(0.0)
+        loads.append(m)
+        return m, None
+
+    def fake_train(m, tok, ds, steps, lr, batch, max_length, out, seed=0):
+        assert float(m.weight) == 0.0 and steps == bench.fwd  # untouched by any earlier run
+        m.weight.data.fill_(lr)
+        trained.append((lr, seed))
+        return [{"loss": lr}]
+
+    monkeypatch.setattr(L, "qlora_model", fake_model)
+    monkeypatch.setattr(L, "train_qlora", fake_train)
+    monkeypatch.setattr(L.LqzoBench, "sp", {"train_ds": None})
+    monkeypatch.setattr(bench, "val_loss", lambda m, tok: (float(m.weight) - 0.8) ** 2)
+    monkeypatch.setattr(bench, "test", lambda m, tok: {"eval_loss": 2.0 - float(m.weight), "accuracy": 0.5})
+    part = bench.qlora_cell()
+    assert trained == [(0.1, 0), (1.0, 0), (3.0, 0), (1.0, 1)] and len(loads) == 5  # the untrained one + 4 runs
+    assert (part["best_lr"], part["best_lr_at_edge"], part["lrs"]) == (1.0, False, [0.1, 1.0, 3.0])
+    assert part["before"]["eval_loss"] == 2.0 and [r["test"]["eval_loss"] for r in part["runs"]] == [1.0, 1.0]
+    assert bench.part("qlora_nf4")["runs"] == part["runs"]  # saved, and read back by run()
+    res = bench.run(["qlora_nf4"])
+    assert res["runs"]["qlora_nf4"]["test_loss"]["mean"] == 1.0 and trained[-1] == (1.0, 1)  # nothing retrained
+
+
 # ----------------------------------------------------------------------------- the long preset
 
 
