@@ -35,6 +35,7 @@ from report_train import (
     _lqzo,
     _lqzo_est,
     _lqzo_est_head,
+    _lqzo_head,
     _lqzo_long,
     _lqzo_mem,
     _smith,
@@ -64,7 +65,7 @@ HALO = {"title": "HALO vs full finetuning, step-wise unfreezing and LISA", "abou
             "findings": lambda d, load: _halo_size(d, load) + said(_halo_control)(d, load)}
 VSPO = {"title": "VSPO vs reward-shaped GRPO, teacher traces and guidance", "about": "Rare-behaviour rate and accuracy "
             "after training the bundled model, 3 arms plus inference-time guidance.", "findings": said(_vspo_align, _vspo_arms)}
-LQZO = {"title": "LQZO vs QZO and MeZO", "about": "Zeroth-order finetuning of INT4/INT2 quantization scales: recovered "
+LQZO = {"title": "LQZO vs QZO, MeZO and QLoRA", "about": "Zeroth-order finetuning of INT4/INT2 quantization scales: recovered "
             "loss gap, memory and step time.", "findings": said(_lqzo, _lqzo_mem), "sections": ("summary", "memory")}
 SMITH = {"title": "SMITH tool building and use", "about": "Verified tool builds, pool growth, held-out accuracy with "
              "and without tools, sandbox containment.", "findings": said(_smith),
@@ -113,10 +114,7 @@ SPECS: dict[str, Spec] = {
                             f"shaping {d['figures']['reward_shaping_p0_0.005_reached']}")),
     "vspo_bandit_quick": Spec(title="VSPO bandit abstraction (quick)", about="As vspo_bandit, fewer seeds.",
                               command="python bench/vspo_bandit.py --quick"),
-    "lqzo_quick": Spec(command="python bench/lqzo.py --quick", **LQZO, headline=lambda d, _: (
-        f"INT2 gap recovered: QZO {d['summary']['recovered_fraction_qzo_int2'] * 100:+.1f}%, LQZO "
-        f"{d['summary']['recovered_fraction_lqzo_int2'] * 100:+.1f}%; memory {d['summary']['mem_ratio_vs_qlora']:.2f}x "
-        "QLoRA")),
+    "lqzo_quick": Spec(command="python bench/lqzo.py --quick", **LQZO, headline=_lqzo_head),
     "lqzo_quick_estimator": Spec(title="LQZO estimator quality", about="Cosine of each zeroth-order estimate with the autograd "
                                  "gradient of the scales, per variant, bit-width and directions q.", findings=said(_lqzo_est),
                                  command="python bench/lqzo.py --quick --only estimator", headline=_lqzo_est_head, sections=("summary",)),

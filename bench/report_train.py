@@ -81,7 +81,23 @@ def _lqzo(d, _):
     return (f"INT2, {d['forward_passes_per_method']} forward passes per run, {s['seeds_lqzo_int2']} seeds: share of the "
             f"quantization loss gap recovered on test, QZO {s['recovered_fraction_qzo_int2'] * 100:+.1f}%, LQZO "
             f"{s['recovered_fraction_lqzo_int2'] * 100:+.1f}%; paired by seed, LQZO's test loss minus QZO's "
-            f"{sgn(s['loss_lqzo_minus_qzo_int2'], 2)} ± {s['loss_lqzo_minus_qzo_int2_std']:.2f}.")
+            f"{sgn(s['loss_lqzo_minus_qzo_int2'], 2)} ± {s['loss_lqzo_minus_qzo_int2_std']:.2f}."
+            + ("" if s.get("loss_after_qlora_nf4") is None else
+               f" First-order QLoRA for as many steps (NF4 base, lr {s['lr_qlora_nf4']:g} chosen on validation): test "
+               f"loss {s['loss_before_qlora_nf4']:.3f} -> {s['loss_after_qlora_nf4']:.3f}, accuracy "
+               f"{s['acc_before_qlora_nf4']:.3f} -> {s['acc_after_qlora_nf4']:.3f} (INT2 LQZO: "
+               f"{s['loss_before_int2']:.3f} -> {s['loss_after_lqzo_int2']:.3f}, {s['acc_before_int2']:.3f} -> "
+               f"{s['acc_after_lqzo_int2']:.3f}).")
+            + (f" Chosen lr at the edge of its sweep: {', '.join(s['lr_at_edge'])}." if s.get("lr_at_edge") else ""))
+
+
+def _lqzo_head(d, _):
+    s = d["summary"]
+    ql = s.get("loss_after_qlora_nf4")
+    return (f"INT2 gap recovered: QZO {s['recovered_fraction_qzo_int2'] * 100:+.1f}%, LQZO "
+            f"{s['recovered_fraction_lqzo_int2'] * 100:+.1f}%"
+            + ("" if ql is None else f"; test loss QLoRA {ql:.3f}, INT2 LQZO {s['loss_after_lqzo_int2']:.3f}")
+            + f"; memory {s['mem_ratio_vs_qlora']:.2f}x QLoRA")
 
 
 def _est_grid(s: dict) -> tuple[list[str], list[int]]:
