@@ -35,7 +35,7 @@ uniform are paired by seed (``heldout_loss_diff_<method>_vs_uniform``).
 
 Each run is saved to ``bench/results/hgms_parts/<name>/<method>-s<seed>.json`` as it finishes, with the
 configuration; a rerun of the same command skips saved runs (``--fresh`` retrains), so the FULL preset can
-be split over processes with ``--methods`` and over sessions. DoReMi reuses the uniform run's model from
+be split over processes with ``--methods`` (and ``--train-seeds``) and over sessions. DoReMi reuses the uniform run's model from
 ``--work`` when it is there (same machine), else trains its own uniform reference first.
 
 Writes bench/results/hgms[_quick].json and .png (weight of the noisy source over steps per method;
@@ -61,6 +61,9 @@ def parse_args():
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
                    help="methods to train in this invocation; the others come from saved runs (split the "
                    "comparison over processes: --methods uniform doremi, --methods hgms, --methods doge odm)")
+    p.add_argument("--train-seeds", nargs="+", type=int, default=None, metavar="SEED",
+                   help="seeds to train in this invocation (default: all of the preset's); with --methods this "
+                   "splits one method's seeds over processes, e.g. --methods hgms --train-seeds 0 2")
     p.add_argument("--fresh", action="store_true", help="retrain runs that have saved parts")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     p.add_argument("--work", default=str(REPO / "outputs" / "hgms-bench"), help="scratch folder (data, models)")
@@ -76,16 +79,19 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     cfg = resolve_preset(H.FULL, H.QUICK, args.quick, args)
+    bad = [s for s in args.train_seeds or () if not 0 <= s < cfg["seeds"]]
+    if bad:
+        raise SystemExit(f"--train-seeds {bad}: the preset has seeds 0..{cfg['seeds'] - 1}")
     work = Path(args.work) / ("quick" if args.quick else "full")
     files, heldout = H.build_data(cfg, DATA, work)
     name = "hgms_quick" if args.quick else "hgms"
     store = ResultStore(RESULTS / "hgms_parts" / name, cfg, fresh=args.fresh)
     runs = H.run_all(cfg, H.METHODS, files, work, heldout, gsm8k_test=DATA / "gsm8k" / "test.jsonl", store=store,
-                     train=args.methods)
+                     train=args.methods, train_seeds=args.train_seeds)
     missing = H.missing_runs(runs, cfg)
     if missing:
         print(f"saved {len(runs) * cfg['seeds'] - len(missing)} runs under {store.root}; the summary still needs "
-              f"{', '.join(missing)} (run the same command with --methods naming them)", flush=True)
+              f"{', '.join(missing)} (run the same command with --methods / --train-seeds naming them)", flush=True)
         return
     summary = H.summarize(runs, cfg)
     RESULTS.mkdir(parents=True, exist_ok=True)

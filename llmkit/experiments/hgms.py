@@ -121,20 +121,23 @@ def run_line(r: dict) -> str:
 
 
 def run_all(cfg: dict, methods, files: dict, work: Path, heldout: dict, gsm8k_test=None, run=run_method,
-            log: Callable[[str], None] = _print, store=None, train=None) -> dict[str, list[dict]]:
+            log: Callable[[str], None] = _print, store=None, train=None,
+            train_seeds=None) -> dict[str, list[dict]]:
     """``{method: [run per seed]}``; per seed, uniform runs first and its final model is DoReMi's reference.
 
     ``store`` (a ``harness.ResultStore``): each run is saved as ``<method>-s<seed>`` when it finishes and a
     saved run is loaded instead of retrained, so a long comparison can stop, resume and be split over
     processes. ``train`` (default: every method) names the methods this invocation may train; the others
-    come from the store only, and a run in neither is left out (see ``missing_runs``)."""
+    come from the store only, and a run in neither is left out (see ``missing_runs``); ``train_seeds`` (default:
+    every seed) does the same for seeds, so one method's seeds can be split over processes too."""
     runs: dict[str, list[dict]] = {m: [] for m in METHODS if m in methods}
     train = set(runs if train is None else train)
+    train_seeds = set(range(cfg["seeds"]) if train_seeds is None else train_seeds)
     for seed in range(cfg["seeds"]):
         reference = None
         for m in list(runs):
             r = store.load(f"{m}-s{seed}") if store is not None else None
-            if r is None and m not in train:
+            if r is None and (m not in train or seed not in train_seeds):
                 continue
             if r is None:
                 if m == "doremi" and reference is None:

@@ -84,6 +84,13 @@ def test_saved_runs_resume_split_invocations_and_keep_doremis_reference(tmp_path
     # a saved uniform run hands DoReMi its model only where the model is still on disk
     assert [r["reference"] for r in runs["doremi"]] == [None, str(work / "uniform-s1" / "final")]
     assert H.missing_runs(runs, cfg) == [] and runs["uniform"][1]["heldout_loss"] == 1.01
+    trained.clear()  # one method's seeds split over invocations: each trains only the seed it is given
+    split = ResultStore(tmp_path / "split", cfg)
+    runs = H.run_all(cfg, ["hgms"], {}, work, {}, run=run, log=quiet, store=split, train_seeds=[1])
+    assert trained == [("hgms", 1)] and H.missing_runs(runs, cfg) == ["hgms-s0"]
+    runs = H.run_all(cfg, ["hgms"], {}, work, {}, run=run, log=quiet, store=split, train_seeds=[0])
+    assert trained == [("hgms", 1), ("hgms", 0)] and H.missing_runs(runs, cfg) == []
+    assert [r["seed"] for r in runs["hgms"]] == [0, 1]
     other = ResultStore(tmp_path / "parts", dict(cfg, steps=5))  # another configuration sees nothing saved
     assert H.missing_runs(H.run_all(cfg, ["uniform"], {}, work, {}, run=run, log=quiet, store=other, train=[]),
                           cfg) == ["uniform-s0", "uniform-s1"]
