@@ -66,8 +66,12 @@ def main() -> int:
     ap.add_argument("--long", action="store_true", help="QZO vs LQZO at INT2 / INT4, 1000 steps (see above)")
     ap.add_argument("--steps", type=int, default=None, help="ZO steps per run (quick 40, full 200, long 1000)")
     ap.add_argument("--lr-sweep", type=_floats, default=None,
-                    help="comma-separated ZO step sizes for the scales (relative), swept per method and bit-width "
-                         "(quick 6.25e-5,2.5e-4,1e-3; full 6.25e-5,2.5e-4,1e-3,4e-3; long 1.5625e-5,6.25e-5,2.5e-4,1e-3)")
+                    help="comma-separated LQZO step sizes (relative, on log-scales), swept per bit-width (quick "
+                         "6.25e-5,2.5e-4,1e-3; full 6.25e-5,2.5e-4,1e-3,4e-3; long 1.5625e-5,6.25e-5,2.5e-4,1e-3); "
+                         "given without --qzo-lr-sweep it is QZO's grid too")
+    ap.add_argument("--qzo-lr-sweep", type=_floats, default=None,
+                    help="comma-separated QZO step sizes (additive on the scales; default: --lr-sweep when given, "
+                         "else 9.765625e-7 .. 1e-3 in steps of 4)")
     ap.add_argument("--mezo-lr-sweep", type=_floats, default=None,
                     help="comma-separated MeZO step sizes (raw weights; quick 5e-7,2e-6; full 3e-7,1e-6,3e-6)")
     ap.add_argument("--seeds", type=int, default=None,
@@ -103,7 +107,7 @@ def main() -> int:
 
     try:
         p = L.presets(args.quick, args.steps, args.lr_sweep, args.mezo_lr_sweep, args.seeds, args.batch, args.long,
-                      args.qlora_lr_sweep)
+                      args.qlora_lr_sweep, args.qzo_lr_sweep)
     except ValueError as e:
         ap.error(str(e))
     torch.manual_seed(0)

@@ -33,6 +33,8 @@ from llmkit.experiments.harness import ResultStore, lr_sweep, peak_memory_during
 from llmkit.experiments.stats import mean_ci, paired_diff
 
 MODEL = "smollm2-135m-instruct"
+# QZO's additive steps on the scales, 1024x in steps of 4 (the long preset stops at 2.5e-4)
+QZO_LRS = [9.765625e-7, 3.90625e-6, 1.5625e-5, 6.25e-5, 2.5e-4, 1e-3]
 CELLS = ("mezo", "qzo_int4", "lqzo_int4", "qzo_int2", "lqzo_int2", "qlora_nf4")
 # other pieces --only can name: the untrained metrics per precision, the memory / step-time probes, the
 # estimator-quality table
@@ -379,13 +381,19 @@ def run_probe(kind: str, **kw) -> dict:
 
 def presets(quick: bool, steps: int | None = None, lr_sweep: list[float] | None = None,
             mezo_lr_sweep: list[float] | None = None, seeds: int | None = None, batch: int | None = None,
-            long: bool = False, qlora_lr_sweep: list[float] | None = None) -> dict:
+            long: bool = False, qlora_lr_sweep: list[float] | None = None,
+            qzo_lr_sweep: list[float] | None = None) -> dict:
     """The run's sizes: the flags given, else the quick, full or long preset.
 
     --long (``llmkit.experiments.lqzo_long``): QZO and LQZO at INT2 and INT4 only, 3 seeds each, on the
     sentiment task alone (rows of ~60 tokens), batch 1 and 1000 steps per run; every training row is seen
     once (n_train = steps x batch). Validation 64 rows (the lr choice), test 128 rows (completion loss and
     two-choice accuracy on the same rows). The lr grid spans 64x in steps of 4.
+
+    Each parameterization has its own lr units, so its own grid: LQZO's (``lrs``) is a relative step on
+    log-scales, QZO's (``qzo_lrs``) an additive step on the scales themselves (paper-style; it diverges
+    above ~1.6e-5 in the long runs, so its grid sits lower), MeZO's on raw weights, QLoRA's AdamW's.
+    ``lr_sweep`` given alone sets QZO's grid too (one grid per ``--only`` cell, as the long runs were made).
 
     --quick is sized for ~60 single-threaded CPU slot-minutes (measured on 2 quiet cores: a scale-ZO step
     ~2.5 s at batch 2 x 128, a full-precision MeZO step ~7 s (it draws 135M Gaussians 4x per step), a
@@ -399,6 +407,7 @@ def presets(quick: bool, steps: int | None = None, lr_sweep: list[float] | None 
         if quick:
             raise ValueError("--long and --quick are two different presets: choose one")
         p = {"long": True, "steps": steps or 1000, "lrs": lr_sweep or [1.5625e-5, 6.25e-5, 2.5e-4, 1e-3],
+             "qzo_lrs": qzo_lr_sweep or lr_sweep or QZO_LRS[:-1],
              "mezo_lrs": [], "cell_seeds": dict.fromkeys(LONG_CELLS, 3 if seeds is None else seeds),
              "batch": batch or 1, "skip": list(LONG_SKIPPED)}
         p["n_train"], p["n_val"], p["n_test"], p["n_acc"] = p["steps"] * p["batch"], 64, 128, 128
@@ -414,6 +423,7 @@ def presets(quick: bool, steps: int | None = None, lr_sweep: list[float] | None 
     p = {"steps": steps or (40 if quick else 200),
          "lrs": lr_sweep or ([6.25e-5, 2.5e-4, 1e-3] if quick else [6.25e-5, 2.5e-4, 1e-3, 4e-3]),
          "mezo_lrs": mezo_lr_sweep or ([5e-7, 2e-6] if quick else [3e-7, 1e-6, 3e-6]),
+         "qzo_lrs": qzo_lr_sweep or lr_sweep or QZO_LRS,
          "qlora_lrs": qlora_lr_sweep or ([5e-5, 2e-4, 8e-4] if quick else [5e-5, 2e-4, 8e-4, 3.2e-3]),
          "cell_seeds": cell_seeds, "batch": batch or (2 if quick else 4)}
     p["n_val"], p["n_test"], p["n_acc"], p["n_train"] = (12, 24, 24, 400) if quick else (32, 64, 200, 1000)
@@ -500,6 +510,10 @@ class LqzoBench:
                  f"(validation loss {part['val_loss']:.4f})")
         return part
 
+    def grid(self, method: str) -> list[float]:
+        """The lr grid of ``mezo``, ``qzo`` or ``lqzo`` (see ``presets``: each its own units)."""
+        return self.p["mezo_lrs"] if method == "mezo" else self.p["qzo_lrs"] if method == "qzo" else self.p["lrs"]
+
     def train_cell(self, name: str, extend: bool = False) -> dict:
         """One ZO cell (``mezo``, ``qzo_int4`` ...): the tuned runs, saved. ``extend``: only the lrs a saved
         part lacks, merged with it."""
@@ -520,7 +534,7 @@ class LqzoBench:
 
         if self.long:
             return self._train_cell_by_run(name, model, tok, settings, train, extend)
-        grid = self.p["mezo_lrs"] if method == "mezo" else self.p["lrs"]
+        grid = self.grid(method)
         prev = self.part(name) if extend else None
         seeds = prev["seeds"] if prev else list(range(self.p["cell_seeds"][name]))
         if prev is not None:
@@ -538,12 +552,12 @@ class LqzoBench:
 
     def _train_cell_by_run(self, name: str, model, tok, settings: dict, train, extend: bool) -> dict:
         """The long preset's cell: ``lqzo_long.tuned_runs_by_part``, each (lr, seed) run a part of its own.
-        ``extend``: the grid is the saved cell's lrs plus ``p["lrs"]`` (saved runs are reused either way)."""
+        ``extend``: the grid is the saved cell's lrs plus ``grid(method)`` (saved runs are reused either way)."""
         from llmkit.experiments import lqzo_long as LL
         from llmkit.train.lqzo.trainer import zo_trainable
 
         prev = self.part(name) if extend else None
-        grid = sorted(set(self.p["lrs"]) | set(prev["lrs"] if prev else ()))
+        grid = sorted(set(self.grid(name.partition("_int")[0])) | set(prev["lrs"] if prev else ()))
         seeds = list(range(self.p["cell_seeds"][name]))
         names = zo_trainable(model, settings)[0]
 

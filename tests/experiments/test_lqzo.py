@@ -150,6 +150,10 @@ def test_presets_quick_full_overrides_and_errors():
     assert (o["steps"], o["lrs"], o["batch"]) == (5, [1e-3], 1) and set(o["cell_seeds"].values()) == {2}
     with pytest.raises(ValueError, match=">= 1"):
         L.presets(True, seeds=0)
+    # QZO's additive steps have their own grid; an explicit --lr-sweep alone sets both (one cell per --only)
+    grid = L.LqzoBench(q, parts_dir="unused", data_dir=None, cache="unused").grid
+    assert (grid("qzo"), grid("lqzo"), grid("mezo")) == (L.QZO_LRS, q["lrs"], q["mezo_lrs"])
+    assert o["qzo_lrs"] == [1e-3] and L.presets(True, lr_sweep=[1.0], qzo_lr_sweep=[2.0])["qzo_lrs"] == [2.0]
 
 
 def test_parts_are_kept_per_configuration(tmp_path):
