@@ -80,7 +80,7 @@ def main() -> int:
     ap.add_argument("--clip", type=float, default=None, help="clip each projected derivative to [-c, c] (all methods)")
     ap.add_argument("--qlora-lr-sweep", type=_floats, default=None,
                     help="comma-separated QLoRA (AdamW) learning rates, chosen on validation like the ZO cells' "
-                         "(quick 5e-5,2e-4,8e-4; full adds 3.2e-3)")
+                         "(default 5e-5,2e-4,8e-4,3.2e-3)")
     ap.add_argument("--batch", type=int, default=None, help="training batch (quick 2, full 4, long 1)")
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--group-size", type=int, default=64)

@@ -424,7 +424,7 @@ def presets(quick: bool, steps: int | None = None, lr_sweep: list[float] | None 
          "lrs": lr_sweep or ([6.25e-5, 2.5e-4, 1e-3] if quick else [6.25e-5, 2.5e-4, 1e-3, 4e-3]),
          "mezo_lrs": mezo_lr_sweep or ([5e-7, 2e-6] if quick else [3e-7, 1e-6, 3e-6]),
          "qzo_lrs": qzo_lr_sweep or lr_sweep or QZO_LRS,
-         "qlora_lrs": qlora_lr_sweep or ([5e-5, 2e-4, 8e-4] if quick else [5e-5, 2e-4, 8e-4, 3.2e-3]),
+         "qlora_lrs": qlora_lr_sweep or [5e-5, 2e-4, 8e-4, 3.2e-3],
          "cell_seeds": cell_seeds, "batch": batch or (2 if quick else 4)}
     p["n_val"], p["n_test"], p["n_acc"], p["n_train"] = (12, 24, 24, 400) if quick else (32, 64, 200, 1000)
     if p["steps"] < 1 or min(cell_seeds.values()) < 1 or p["batch"] < 1:
@@ -534,7 +534,12 @@ class LqzoBench:
 
         if self.long:
             return self._train_cell_by_run(name, model, tok, settings, train, extend)
-        grid = self.grid(method)
+        return self._tuned(name, self.grid(method), train, tok, extend, t0, {"settings": settings}, base=model)
+
+    def _tuned(self, name: str, grid: list[float], train, tok, extend: bool, t0: float, extra: dict,
+               base=None, make=None) -> dict:
+        """``tuned_runs`` over ``grid`` for one cell, saved with ``extra``; ``extend``: only the lrs the saved
+        part lacks, merged with it (``merge_sweeps``; the saved seeds are kept)."""
         prev = self.part(name) if extend else None
         seeds = prev["seeds"] if prev else list(range(self.p["cell_seeds"][name]))
         if prev is not None:
@@ -542,13 +547,13 @@ class LqzoBench:
             if not grid:
                 return prev
         beat = min(e["val_loss"] for e in prev["sweep"] if e["val_loss"] is not None) if prev else None
-        r = tuned_runs(model, grid, seeds, train, lambda m: self.val_loss(m, tok), lambda m: self.test(m, tok),
-                       name=name, log=self.log, beat=beat)
+        r = tuned_runs(base, grid, seeds, train, lambda m: self.val_loss(m, tok), lambda m: self.test(m, tok),
+                       name=name, log=self.log, beat=beat, make=make)
         wall = time.perf_counter() - t0
         if prev is not None:
             r = merge_sweeps(prev, r)
             grid, wall = prev["lrs"] + grid, prev["wall_s"] + wall
-        return self.save(name, {"settings": settings, "seeds": seeds, "lrs": sorted(grid), "wall_s": wall, **r})
+        return self.save(name, {**extra, "seeds": seeds, "lrs": sorted(grid), "wall_s": wall, **r})
 
     def _train_cell_by_run(self, name: str, model, tok, settings: dict, train, extend: bool) -> dict:
         """The long preset's cell: ``lqzo_long.tuned_runs_by_part``, each (lr, seed) run a part of its own.
@@ -578,15 +583,18 @@ class LqzoBench:
         wall = sum(e["train_s"] for e in r["sweep"]) + sum(x["train_s"] for x in r["runs"][1:])
         return self.save(name, {"settings": settings, "seeds": seeds, "lrs": grid, "wall_s": wall, **r})
 
-    def qlora_cell(self) -> dict:
+    def qlora_cell(self, extend: bool = False) -> dict:
         """First-order QLoRA (NF4 base + LoRA, AdamW through TRL) for as many steps as a ZO run makes forward
         passes, its lr chosen on validation from ``p["qlora_lrs"]`` like the ZO cells': the accuracy reference.
         ``before`` is the untrained NF4 model (another quantizer than the ZO cells' INT4)."""
         c = self.config
-        base, tok = qlora_model()
-        before = self.test(base, tok)
-        del base
-        seeds, lrs = list(range(self.p["cell_seeds"]["qlora_nf4"])), sorted(self.p["qlora_lrs"])
+        prev = self.part("qlora_nf4") if extend else None
+        if prev is not None and "before" in prev:
+            before, tok = prev["before"], qlora_model()[1]
+        else:
+            base, tok = qlora_model()
+            before = self.test(base, tok)
+            del base
         t0 = time.perf_counter()
 
         def train(m, lr, seed):
@@ -594,10 +602,8 @@ class LqzoBench:
                                self.tmp / f"qlora-{lr:g}-{seed}", seed=seed)
             return [r["loss"] for r in hist]
 
-        r = tuned_runs(None, lrs, seeds, train, lambda m: self.val_loss(m, tok), lambda m: self.test(m, tok),
-                       name="qlora_nf4", log=self.log, make=lambda: qlora_model()[0])
-        return self.save("qlora_nf4", {"seeds": seeds, "lrs": lrs, "wall_s": time.perf_counter() - t0,
-                                       "before": before, **r})
+        return self._tuned("qlora_nf4", sorted(self.p["qlora_lrs"]), train, tok, extend, t0, {"before": before},
+                           make=lambda: qlora_model()[0])
 
     def probes(self) -> dict:
         """Memory and step time, one fresh process per probe."""
@@ -686,7 +692,7 @@ class LqzoBench:
         if name != "qlora_nf4":
             return self.train_cell(name, extend)
         try:
-            return self.qlora_cell()
+            return self.qlora_cell(extend)
         except Exception as e:  # noqa: BLE001 - bitsandbytes CPU support varies: report instead of losing the run
             self.log(f"qlora_nf4: failed ({type(e).__name__}: {e})")
             return {"error": f"{type(e).__name__}: {e}"}
