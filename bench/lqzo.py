@@ -67,13 +67,13 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None, help="ZO steps per run (quick 40, full 200, long 1000)")
     ap.add_argument("--lr-sweep", type=_floats, default=None,
                     help="comma-separated LQZO step sizes (relative, on log-scales), swept per bit-width (quick "
-                         "6.25e-5,2.5e-4,1e-3; full 6.25e-5,2.5e-4,1e-3,4e-3; long 1.5625e-5,6.25e-5,2.5e-4,1e-3); "
+                         "and full 6.25e-5,2.5e-4,1e-3,4e-3; long 1.5625e-5,6.25e-5,2.5e-4,1e-3); "
                          "given without --qzo-lr-sweep it is QZO's grid too")
     ap.add_argument("--qzo-lr-sweep", type=_floats, default=None,
                     help="comma-separated QZO step sizes (additive on the scales; default: --lr-sweep when given, "
                          "else 9.765625e-7 .. 1e-3 in steps of 4)")
     ap.add_argument("--mezo-lr-sweep", type=_floats, default=None,
-                    help="comma-separated MeZO step sizes (raw weights; quick 5e-7,2e-6; full 3e-7,1e-6,3e-6)")
+                    help="comma-separated MeZO step sizes (raw weights; quick 5e-7,2e-6,8e-6; full 3e-7,1e-6,3e-6)")
     ap.add_argument("--seeds", type=int, default=None,
                     help="seeds per cell at the chosen lr, all cells (default: full 3; quick 3 for the INT2 cells, "
                          "whose comparison is the paper's claim, 1 for INT4 and MeZO (a MeZO step costs ~3x))")
