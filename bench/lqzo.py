@@ -73,7 +73,7 @@ def main() -> int:
                     help="comma-separated QZO step sizes (additive on the scales; default: --lr-sweep when given, "
                          "else 9.765625e-7 .. 1e-3 in steps of 4)")
     ap.add_argument("--mezo-lr-sweep", type=_floats, default=None,
-                    help="comma-separated MeZO step sizes (raw weights; quick 5e-7,2e-6,8e-6,3.2e-5; full 3e-7,1e-6,3e-6)")
+                    help="comma-separated MeZO step sizes (raw weights; quick 5e-7 .. 5.12e-4 in steps of 4; full 3e-7,1e-6,3e-6)")
     ap.add_argument("--seeds", type=int, default=None,
                     help="seeds per cell at the chosen lr, all cells (default: full 3; quick 3 for the INT2 cells, "
                          "whose comparison is the paper's claim, 1 for INT4 and MeZO (a MeZO step costs ~3x))")

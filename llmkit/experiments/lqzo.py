@@ -422,7 +422,7 @@ def presets(quick: bool, steps: int | None = None, lr_sweep: list[float] | None 
         cell_seeds = dict.fromkeys(CELLS, 3)
     p = {"steps": steps or (40 if quick else 200),
          "lrs": lr_sweep or [6.25e-5, 2.5e-4, 1e-3, 4e-3],
-         "mezo_lrs": mezo_lr_sweep or ([5e-7, 2e-6, 8e-6, 3.2e-5] if quick else [3e-7, 1e-6, 3e-6]),
+         "mezo_lrs": mezo_lr_sweep or ([5e-7, 2e-6, 8e-6, 3.2e-5, 1.28e-4, 5.12e-4] if quick else [3e-7, 1e-6, 3e-6]),
          "qzo_lrs": qzo_lr_sweep or lr_sweep or QZO_LRS,
          "qlora_lrs": qlora_lr_sweep or [5e-5, 2e-4, 8e-4, 3.2e-3],
          "cell_seeds": cell_seeds, "batch": batch or (2 if quick else 4)}
