@@ -85,9 +85,9 @@ def _lqzo(d, _):
             + ("" if s.get("loss_after_qlora_nf4") is None else
                f" First-order QLoRA for as many steps (NF4 base, lr {s['lr_qlora_nf4']:g} chosen on validation): test "
                f"loss {s['loss_before_qlora_nf4']:.3f} -> {s['loss_after_qlora_nf4']:.3f}, accuracy "
-               f"{s['acc_before_qlora_nf4']:.3f} -> {s['acc_after_qlora_nf4']:.3f} (INT2 LQZO: "
-               f"{s['loss_before_int2']:.3f} -> {s['loss_after_lqzo_int2']:.3f}, {s['acc_before_int2']:.3f} -> "
-               f"{s['acc_after_lqzo_int2']:.3f}).")
+               f"{s['acc_before_qlora_nf4']:.3f} -> {s['acc_after_qlora_nf4']:.3f} (INT4 LQZO: "
+               f"{s['loss_before_int4']:.3f} -> {s['loss_after_lqzo_int4']:.3f}, {s['acc_before_int4']:.3f} -> "
+               f"{s['acc_after_lqzo_int4']:.3f}).")
             + (f" Chosen lr at the edge of its sweep: {', '.join(s['lr_at_edge'])}." if s.get("lr_at_edge") else ""))
 
 
@@ -96,7 +96,7 @@ def _lqzo_head(d, _):
     ql = s.get("loss_after_qlora_nf4")
     return (f"INT2 gap recovered: QZO {s['recovered_fraction_qzo_int2'] * 100:+.1f}%, LQZO "
             f"{s['recovered_fraction_lqzo_int2'] * 100:+.1f}%"
-            + ("" if ql is None else f"; test loss QLoRA {ql:.3f}, INT2 LQZO {s['loss_after_lqzo_int2']:.3f}")
+            + ("" if ql is None else f"; test loss QLoRA (NF4) {ql:.3f}, INT4 LQZO {s['loss_after_lqzo_int4']:.3f}")
             + f"; memory {s['mem_ratio_vs_qlora']:.2f}x QLoRA")
 
 

@@ -395,9 +395,9 @@ def presets(quick: bool, steps: int | None = None, lr_sweep: list[float] | None 
     above ~1.6e-5 in the long runs, so its grid sits lower), MeZO's on raw weights, QLoRA's AdamW's.
     ``lr_sweep`` given alone sets QZO's grid too (one grid per ``--only`` cell, as the long runs were made).
 
-    --quick is sized for ~60 single-threaded CPU slot-minutes (measured on 2 quiet cores: a scale-ZO step
-    ~2.5 s at batch 2 x 128, a full-precision MeZO step ~7 s (it draws 135M Gaussians 4x per step), a
-    completion-loss eval ~1.6 s per GSM8K row); the full run is for a GPU. Quick gives the INT2 cells, whose
+    --quick is sized for a CPU: each cell's seconds are ``runs.<cell>.wall_s`` in lqzo_quick.json (split the
+    cells over two processes with ``--only``); a full-precision MeZO step costs about 3x a scale-ZO step (it
+    draws 135M Gaussians 4x per step). The full run is for a GPU. Quick gives the INT2 cells, whose
     comparison is the paper's claim, 3 seeds and the others 1. n_val 12 / n_test 24: the INT2 methods differ
     by a few hundredths of a nat, and the lr choice and the test figure should not hinge on a handful of rows.
     """
