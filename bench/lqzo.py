@@ -2,7 +2,7 @@
 
     python bench/lqzo.py --quick      # 40 ZO steps per run, lr swept per method, 3 seeds at INT2; ends with one JSON line
     python bench/lqzo.py              # 200 steps, 3 seeds everywhere, more validation / test rows
-    python bench/lqzo.py --long       # QZO vs LQZO at INT2 / INT4: 1000 steps at batch 1 on sentiment rows, 3 seeds
+    python bench/lqzo.py --long       # QZO vs LQZO at INT2 / INT4: 1000 steps at batch 1 on sentiment rows, 5 / 3 seeds
 
 --long, on both cores (one process per bit-width, then the summary; rerun the same line to resume):
 
@@ -76,7 +76,8 @@ def main() -> int:
                     help="comma-separated MeZO step sizes (raw weights; quick 5e-7 .. 5.12e-4 in steps of 4; full 3e-7,1e-6,3e-6)")
     ap.add_argument("--seeds", type=int, default=None,
                     help="seeds per cell at the chosen lr, all cells (default: full 3; quick 3 for the INT2 cells, "
-                         "whose comparison is the paper's claim, 1 for INT4 and MeZO (a MeZO step costs ~3x))")
+                         "whose comparison is the paper's claim, 1 for INT4, MeZO (a MeZO step costs ~3x) and QLoRA; "
+                         "long 5 at INT2, 3 at INT4)")
     ap.add_argument("--clip", type=float, default=None, help="clip each projected derivative to [-c, c] (all methods)")
     ap.add_argument("--qlora-lr-sweep", type=_floats, default=None,
                     help="comma-separated QLoRA (AdamW) learning rates, chosen on validation like the ZO cells' "

@@ -182,7 +182,8 @@ def _lqzo_long(d, _):
     edge = (" Chosen at the edge of its sweep (the optimum may lie outside): " + ", ".join(s["lr_at_edge"]) + "."
             if s.get("lr_at_edge") else "")
     return (f"{s['steps_per_run']} ZO steps per run at batch {s['batch']} on sentiment rows, the lr of each cell "
-            f"chosen on validation, {s['seeds_lqzo_int2']} seeds: test loss (full precision "
+            f"chosen on validation, {s['seeds_lqzo_int2']} seeds at INT2 and {s['seeds_lqzo_int4']} at INT4: test "
+            f"loss (full precision "
             f"{s['loss_full_precision']:.3f}) {cell(2)}; {cell(4)}. LQZO minus QZO paired by seed, test loss with 95% "
             f"interval: {diff(2)}; {diff(4)}. The paper's INT2 claim (LQZO below QZO): {s['int2_claim']}. A step "
             f"took {s['step_s']:.2f} s on one thread, {s['train_core_hours']:.1f} core-hours of training in all."

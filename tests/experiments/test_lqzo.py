@@ -287,7 +287,8 @@ def test_long_preset_sizes_and_errors():
 
     p = L.presets(False, long=True)
     assert (p["steps"], p["batch"], p["n_train"]) == (1000, 1, 1000)  # every training row seen once
-    assert p["cell_seeds"] == dict.fromkeys(LONG_CELLS, 3) and set(p["skip"]) == {"mezo", "qlora_nf4"}
+    assert p["cell_seeds"] == {"qzo_int2": 5, "lqzo_int2": 5, "qzo_int4": 3, "lqzo_int4": 3}
+    assert set(p["skip"]) == {"mezo", "qlora_nf4"}
     assert set(LONG_CELLS) == {"qzo_int2", "lqzo_int2", "qzo_int4", "lqzo_int4"}
     lrs = p["lrs"]
     assert len(lrs) == 4 and all(b / a == pytest.approx(4.0) for a, b in itertools.pairwise(lrs))
