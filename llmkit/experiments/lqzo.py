@@ -534,7 +534,7 @@ class LqzoBench:
             return [r["loss"] for r in hist]
 
         if self.long:
-            return self._train_cell_by_run(name, model, tok, settings, train, extend)
+            return self._train_cell_by_run(name, model, tok, settings, train, self.grid(method), extend)
         return self._tuned(name, self.grid(method), train, tok, extend, t0, {"settings": settings}, base=model)
 
     def _tuned(self, name: str, grid: list[float], train, tok, extend: bool, t0: float, extra: dict,
@@ -556,14 +556,15 @@ class LqzoBench:
             grid, wall = prev["lrs"] + grid, prev["wall_s"] + wall
         return self.save(name, {**extra, "seeds": seeds, "lrs": sorted(grid), "wall_s": wall, **r})
 
-    def _train_cell_by_run(self, name: str, model, tok, settings: dict, train, extend: bool) -> dict:
+    def _train_cell_by_run(self, name: str, model, tok, settings: dict, train, grid: list[float],
+                           extend: bool) -> dict:
         """The long preset's cell: ``lqzo_long.tuned_runs_by_part``, each (lr, seed) run a part of its own.
-        ``extend``: the grid is the saved cell's lrs plus ``grid(method)`` (saved runs are reused either way)."""
+        ``extend``: the grid is the saved cell's lrs plus ``grid`` (saved runs are reused either way)."""
         from llmkit.experiments import lqzo_long as LL
         from llmkit.train.lqzo.trainer import zo_trainable
 
         prev = self.part(name) if extend else None
-        grid = sorted(set(self.grid(name.partition("_int")[0])) | set(prev["lrs"] if prev else ()))
+        grid = sorted(set(grid) | set(prev["lrs"] if prev else ()))
         seeds = list(range(self.p["cell_seeds"][name]))
         names = zo_trainable(model, settings)[0]
 
@@ -590,12 +591,9 @@ class LqzoBench:
         ``before`` is the untrained NF4 model (another quantizer than the ZO cells' INT4)."""
         c = self.config
         prev = self.part("qlora_nf4") if extend else None
-        if prev is not None and "before" in prev:
-            before, tok = prev["before"], qlora_model()[1]
-        else:
-            base, tok = qlora_model()
-            before = self.test(base, tok)
-            del base
+        base, tok = qlora_model()
+        before = prev["before"] if prev is not None and "before" in prev else self.test(base, tok)
+        del base  # each run loads its own (``make``)
         t0 = time.perf_counter()
 
         def train(m, lr, seed):

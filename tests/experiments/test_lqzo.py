@@ -275,7 +275,7 @@ def test_the_qlora_reference_is_tuned_on_validation_from_a_fresh_model_per_run(t
     bench.p = dict(p, qlora_lrs=[0.1, 0.8, 1.0, 3.0])  # extend: only the new lr, which wins, then its rerun
     n = len(loads)
     ext = bench.qlora_cell(extend=True)
-    assert trained[4:] == [(0.8, 0), (0.8, 1)] and len(loads) == n + 3  # 2 runs + the tokenizer's load
+    assert trained[4:] == [(0.8, 0), (0.8, 1)] and len(loads) == n + 3  # 2 runs + the base (tokenizer, untouched)
     assert (ext["best_lr"], ext["lrs"], ext["before"]) == (0.8, [0.1, 0.8, 1.0, 3.0], part["before"])
 
 
